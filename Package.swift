@@ -1,0 +1,81 @@
+// swift-tools-version:6.0
+// csspfs: mount a CSSP (OpenStack-Swift-based) object store container as a directory.
+//
+// Dependencies point downward only:
+//   MountCSSP -> FuseAdapter -> FileSystem -> ObjectStore
+//   MountCSSP -> ObjectStoreHTTP -> ObjectStore
+// FuseAdapter is the only module that sees libfuse; ObjectStoreHTTP the only one that sees libcurl.
+import PackageDescription
+
+let package = Package(
+    name: "csspfs",
+    products: [
+        .executable(name: "mount.cssp", targets: ["MountCSSP"])
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
+    ],
+    targets: [
+        .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+
+        .target(
+            name: "ObjectStore",
+            dependencies: [.product(name: "Logging", package: "swift-log")]
+        ),
+        .target(
+            name: "ObjectStoreHTTP",
+            dependencies: [
+                "ObjectStore", "CCurl", "CCrypto",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(name: "ObjectStoreTesting", dependencies: ["ObjectStore"]),
+        .target(
+            name: "FileSystem",
+            dependencies: [
+                "ObjectStore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .target(
+            name: "FuseAdapter",
+            dependencies: [
+                "FileSystem", "CFuse3",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .executableTarget(
+            name: "MountCSSP",
+            dependencies: [
+                "FuseAdapter", "FileSystem", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // Developer tool for seeding, demos and benchmarks: talks to the store through the same client.
+        .executableTarget(
+            name: "CSSPTool",
+            dependencies: ["ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig"]
+        ),
+        // Option, URL and credential parsing, shared by mount.cssp and cssp-tool; pure, unit-tested.
+        .target(name: "MountCSSPConfig", dependencies: ["ObjectStore"]),
+
+        .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore"]),
+        .testTarget(
+            name: "FileSystemTests",
+            dependencies: ["FileSystem", "ObjectStore", "ObjectStoreTesting"]
+        ),
+        .testTarget(name: "FuseAdapterTests", dependencies: ["FuseAdapter", "FileSystem"]),
+        .testTarget(name: "MountCSSPTests", dependencies: ["MountCSSPConfig"]),
+        .testTarget(
+            name: "EndToEndTests",
+            dependencies: ["ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,46 @@
+// Bridge to libfuse3's low-level API. FUSE_USE_VERSION must be defined here: a module map cannot
+// define macros and a cSettings define is not seen by Swift's importer. At 312 Debian's libfuse
+// 3.14 exposes fuse_session_loop_mt as a real function with a configurable thread count.
+// The entry points are wrapped so that libfuse 3.17+, where some become macros, still builds.
+#ifndef CSSP_FUSE_SHIM_H
+#define CSSP_FUSE_SHIM_H
+#define FUSE_USE_VERSION 312
+#include <stddef.h>
+#include <pthread.h>
+#include <fuse_lowlevel.h>
+#include <syslog.h>
+#include <signal.h>
+
+static inline struct fuse_session *cssp_fuse_session_new(struct fuse_args *args,
+        const struct fuse_lowlevel_ops *ops, void *userdata) {
+    return fuse_session_new(args, ops, sizeof(*ops), userdata);
+}
+
+static inline int cssp_fuse_session_loop_mt(struct fuse_session *se, unsigned int max_threads) {
+    struct fuse_loop_config *config = fuse_loop_cfg_create();
+    if (config == NULL) return -1;
+    fuse_loop_cfg_set_clone_fd(config, 0);
+    fuse_loop_cfg_set_max_threads(config, max_threads);
+    /* Keep idle workers: creating threads per burst costs more than their stacks. */
+    fuse_loop_cfg_set_idle_threads(config, max_threads);
+    int rc = fuse_session_loop_mt(se, config);
+    fuse_loop_cfg_destroy(config);
+    return rc;
+}
+
+/* syslog is variadic, which Swift cannot call. */
+static inline void cssp_syslog(int priority, const char *message) {
+    syslog(priority, "%s", message);
+}
+
+/* Signal-mask helpers: the daemon blocks termination signals until the FUSE loop runs, so that
+ * only the main thread (which libfuse's signal handler wakes) ever receives them. */
+static inline int cssp_block_termination_signals(int block) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    return pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
+#endif

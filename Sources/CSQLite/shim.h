@@ -1,0 +1,8 @@
+// SQLite for the block cache. SQLITE_TRANSIENT is a cast macro Swift cannot import.
+#ifndef CSSP_SQLITE_SHIM_H
+#define CSSP_SQLITE_SHIM_H
+#include <sqlite3.h>
+static inline int cssp_sqlite3_bind_blob_transient(sqlite3_stmt *s, int i, const void *p, int n) {
+    return sqlite3_bind_blob(s, i, p, n, SQLITE_TRANSIENT);
+}
+#endif

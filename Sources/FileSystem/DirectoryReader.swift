@@ -1,0 +1,61 @@
+import ObjectStore
+import Synchronization
+
+/// One open directory: the listing streamed page by page as readdir asks for more.
+final class DirectoryReader: Sendable {
+    static let pageSize = 10_000
+
+    let prefix: String
+    private let store: any ObjectStore
+
+    private struct State {
+        var builder: DirectoryBuilder
+        var entries: [DirectoryEntry] = []
+        var marker: String? = nil
+        var complete = false
+    }
+
+    /// Protects the listing progress. The kernel serialises readdir per open directory, so fetching
+    /// outside the lock never races with another fetch of the same reader.
+    private let state: Mutex<State>
+
+    init(store: any ObjectStore, prefix: String) {
+        self.store = store
+        self.prefix = prefix
+        self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix)))
+    }
+
+    /// Entries from `index` on (fetching the next page when needed), and whether the listing is complete.
+    func entries(from index: Int, resolvingWith filesystem: Filesystem) throws(FSError) -> ([DirectoryEntry], Bool) {
+        while true {
+            let (available, complete, marker, builder) = state.withLock { s in
+                (index < s.entries.count ? Array(s.entries[index..<min(s.entries.count, index + 512)]) : [], s.complete, s.marker, s.builder)
+            }
+            if !available.isEmpty || complete { return (available, complete) }
+            let page: ListPage
+            do {
+                page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: Self.pageSize)
+            } catch {
+                throw FSError(storeError: error, operation: "readdir", path: prefix)
+            }
+            var next = builder
+            let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
+            var resolved = ready
+            for collision in collisions {
+                let resolution = try filesystem.resolve(collision, prefix: prefix)
+                resolved += DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix)
+            }
+            state.withLock { s in
+                s.builder = next
+                s.entries += resolved
+                s.marker = page.nextMarker
+                s.complete = page.nextMarker == nil
+            }
+        }
+    }
+
+    /// Every entry, if the whole listing has been read.
+    func completeEntries() -> [DirectoryEntry]? {
+        state.withLock { $0.complete ? $0.entries : nil }
+    }
+}

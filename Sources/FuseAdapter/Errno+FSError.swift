@@ -1,0 +1,24 @@
+import FileSystem
+import SystemPackage
+
+extension Errno {
+    /// The one place where filesystem errors become errno values. No `default:`: a new code
+    /// must be decided here. man/mount.cssp.8 publishes this table.
+    public static func forFilesystemError(_ code: FSError.Code) -> Errno {
+        switch code {
+        case .notFound: return .noSuchFileOrDirectory
+        case .notADirectory: return .notDirectory
+        case .isADirectory: return .isDirectory
+        case .readOnly: return .readOnlyFileSystem
+        case .notEmpty: return .directoryNotEmpty
+        // Refused credentials or a skewed clock: the caller may not access the data.
+        case .permissionDenied: return .permissionDenied
+        // The object changed under an open handle: NFS's answer for the same situation.
+        case .stale: return .staleNFSFileHandle
+        case .notSupported: return .notSupported
+        case .invalidArgument: return .invalidArgument
+        case .nameTooLong: return .fileNameTooLong
+        case .ioError: return .ioError
+        }
+    }
+}

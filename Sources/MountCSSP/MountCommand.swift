@@ -1,0 +1,176 @@
+import CFuse3
+import FileSystem
+import FuseAdapter
+import Logging
+import MountCSSPConfig
+import ObjectStore
+import ObjectStoreHTTP
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The composition root: parses, checks, mounts, serves. Every failure before the mount is one
+/// line on stderr and a nonzero exit status; nothing is left mounted.
+enum MountCommand {
+    static let version = "0.1.0"
+
+    enum ExitStatus {
+        static let success: Int32 = 0
+        static let usage: Int32 = 1
+        static let mountFailure: Int32 = 32
+    }
+
+    static func run(arguments: [String]) -> Int32 {
+        // Only the main thread may receive termination signals (libfuse's handler wakes it);
+        // threads started from now on inherit the block. SIGPIPE must never kill the daemon.
+        _ = cssp_block_termination_signals(1)
+        signal(SIGPIPE, SIG_IGN)
+
+        let command: Command
+        do {
+            command = try Arguments.parse(arguments)
+        } catch {
+            return fail(error.message, ExitStatus.usage)
+        }
+        switch command {
+        case .help:
+            LogSink.stderr(Arguments.usage + "\n")
+            return ExitStatus.success
+        case .version:
+            LogSink.stderr("mount.cssp \(version)\n")
+            return ExitStatus.success
+        case .mount(let options):
+            return mount(options)
+        }
+    }
+
+    static func fail(_ message: String, _ status: Int32) -> Int32 {
+        LogSink.stderr("mount.cssp: \(message)\n")
+        return status
+    }
+
+    static func environment() -> [String: String] {
+        var result: [String: String] = [:]
+        var pointer = environ
+        while let entry = pointer.pointee {
+            let text = String(cString: entry)
+            if let equals = text.firstIndex(of: "=") {
+                result[String(text[..<equals])] = String(text[text.index(after: equals)...])
+            }
+            pointer += 1
+        }
+        return result
+    }
+
+    static func mount(_ options: MountOptions) -> Int32 {
+        LoggingSystem.bootstrap { _ in
+            var handler = SinkLogHandler()
+            handler.logLevel = options.debug ? .debug : (options.verbose ? .info : .notice)
+            return handler
+        }
+        let logger = Logger(label: "mount.cssp")
+
+        var st = stat()
+        guard stat(options.mountpoint, &st) == 0 else {
+            return fail(
+                "mountpoint \(options.mountpoint) does not exist: create it with mkdir -p \(options.mountpoint)",
+                ExitStatus.usage)
+        }
+        guard (st.st_mode & S_IFMT) == S_IFDIR else {
+            return fail("mountpoint \(options.mountpoint) is not a directory", ExitStatus.usage)
+        }
+
+        let env = environment()
+        let credentials: Credentials
+        do {
+            credentials = try CredentialLoader.load(
+                endpoint: options.endpoint, passwdFileOption: options.passwdFile, environment: env)
+        } catch {
+            return fail(error.message, ExitStatus.usage)
+        }
+
+        Curl.globalInit()
+        var storeConfiguration = HTTPStoreConfiguration(
+            baseURL: options.endpoint.baseURL, container: options.endpoint.container,
+            signer: RequestSigner(accessKey: credentials.accessKey, secret: credentials.secret))
+        storeConfiguration.connectTimeout = options.connectTimeout
+        storeConfiguration.stallTimeout = options.stallTimeout
+        storeConfiguration.maxAttempts = options.retries + 1
+        storeConfiguration.credentialSource = credentials.source
+        // Test hook: simulates a skewed clock (see docs/testing.md). Never needed in production.
+        storeConfiguration.clockOffsetSeconds = Int(env["CSSP_TEST_CLOCK_OFFSET_SECONDS"] ?? "") ?? 0
+
+        // Check endpoint and credentials before mounting: one quick attempt and one retry.
+        var checkConfiguration = storeConfiguration
+        checkConfiguration.maxAttempts = min(2, storeConfiguration.maxAttempts)
+        checkConfiguration.connectTimeout = min(5, storeConfiguration.connectTimeout)
+        do {
+            _ = try HTTPObjectStore(configuration: checkConfiguration, logger: logger, maxIdleConnections: 1)
+                .headContainer()
+        } catch {
+            switch error.code {
+            case .notFound:
+                return fail(
+                    "container '\(options.endpoint.container)' does not exist at \(options.endpoint.baseURL): "
+                        + "check the URL", ExitStatus.mountFailure)
+            default:
+                return fail(error.message, ExitStatus.mountFailure)
+            }
+        }
+
+        let store = HTTPObjectStore(
+            configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8)
+        var fsConfiguration = FilesystemConfiguration()
+        fsConfiguration.rootPrefix = options.endpoint.prefix
+        fsConfiguration.uid = options.uid ?? getuid()
+        fsConfiguration.gid = options.gid ?? getgid()
+        fsConfiguration.umask = options.umask
+        fsConfiguration.directoryCacheSeconds = options.directoryTimeout
+        fsConfiguration.attributeCacheSeconds = options.attributeTimeout
+        fsConfiguration.readAheadChunks = options.readAheadMiB / (fsConfiguration.readChunkSize >> 20)
+        let filesystem = Filesystem(store: store, configuration: fsConfiguration, logger: logger)
+
+        var fuseConfiguration = FuseConfiguration()
+        fuseConfiguration.entryTimeout = options.entryTimeout
+        fuseConfiguration.attributeTimeout = options.attributeTimeout
+        fuseConfiguration.negativeTimeout = options.negativeTimeout
+        fuseConfiguration.maxThreads = options.maxThreads
+        fuseConfiguration.traceOperations = options.debug
+        let adapter = FuseAdapter(filesystem: filesystem, configuration: fuseConfiguration, logger: logger)
+
+        var kernelOptions = ["fsname=" + mountTableName(options.fsname ?? options.endpoint.url), "subtype=cssp"]
+        if options.allowOther { kernelOptions.append("allow_other") }
+        if options.allowRoot { kernelOptions.append("allow_root") }
+        if options.defaultPermissions { kernelOptions.append("default_permissions") }
+        if options.readOnly { kernelOptions.append("ro") }
+        kernelOptions += options.kernelFlags
+
+        let session: FuseSession
+        do {
+            session = try FuseSession(adapter: adapter, mountpoint: options.mountpoint, options: kernelOptions, debug: false)
+            try session.mount()
+        } catch {
+            return fail(error.description, ExitStatus.mountFailure)
+        }
+        logger.info("mounted \(options.endpoint.url) on \(options.mountpoint) as \(credentials)")
+        if !options.foreground {
+            session.daemonize()
+            LogSink.shared.switchToSyslog()
+        }
+        let rc = session.run()
+        logger.info("unmounted \(options.mountpoint)")
+        return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
+    }
+
+    /// libfuse splits options at commas, so escape them in the name shown in the mount table.
+    static func mountTableName(_ name: String) -> String {
+        name.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: ",", with: "\\,")
+    }
+}
+
+extension String {
+    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
+        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}

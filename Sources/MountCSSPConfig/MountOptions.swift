@@ -1,0 +1,200 @@
+/// Everything `mount.cssp` was asked to do, parsed from its arguments.
+public struct MountOptions: Sendable, Equatable {
+    public var endpoint: Endpoint
+    public var mountpoint: String
+    public var foreground = false
+    public var debug = false
+    public var verbose = false
+    public var passwdFile: String? = nil
+    public var readOnly = false
+    public var allowOther = false
+    public var allowRoot = false
+    public var defaultPermissions = false
+    public var uid: UInt32? = nil
+    public var gid: UInt32? = nil
+    public var umask: UInt16 = 0o022
+    public var attributeTimeout = 1.0
+    public var entryTimeout = 1.0
+    public var negativeTimeout = 1.0
+    public var directoryTimeout = 5.0
+    public var maxThreads = 16
+    public var retries = 4
+    public var connectTimeout = 10
+    public var stallTimeout = 30
+    public var readAheadMiB = 24
+    /// Generic kernel mount flags passed through to libfuse (nosuid, nodev, noatime, …).
+    public var kernelFlags: [String] = []
+    public var fsname: String? = nil
+
+    public init(endpoint: Endpoint, mountpoint: String) {
+        self.endpoint = endpoint
+        self.mountpoint = mountpoint
+    }
+}
+
+/// What the command line asks for.
+public enum Command: Sendable, Equatable {
+    case mount(MountOptions)
+    case help
+    case version
+}
+
+/// Parses `mount.cssp URL MOUNTPOINT [-o opt[,opt…]] [-f] [-d] [-s] [-n] [-v]`, the mount(8)
+/// helper convention. Flags and -o may come before, between or after the two positionals.
+public enum Arguments {
+    /// Options mount(8), fstab or systemd use that mean nothing to the filesystem itself.
+    static let mountOnlyOptions: Set<String> = [
+        "_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner", "group", "defaults", "rw",
+    ]
+    /// Generic flags the kernel applies to any mount; passed through.
+    static let kernelFlags: Set<String> = [
+        "nosuid", "suid", "nodev", "dev", "noexec", "exec", "noatime", "atime", "relatime", "norelatime",
+        "strictatime", "nodiratime", "diratime", "lazytime", "nolazytime", "sync", "async", "dirsync",
+    ]
+
+    public static func parse(_ arguments: [String]) throws(ConfigurationError) -> Command {
+        var positionals: [String] = []
+        var optionLists: [String] = []
+        var foreground = false
+        var debug = false
+        var verbose = false
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            index += 1
+            switch argument {
+            case "-h", "--help": return .help
+            case "-V", "--version": return .version
+            case "-f": foreground = true
+            case "-d": debug = true; foreground = true
+            case "-s", "-n": break  // mount(8): sloppy, no mtab; nothing to do.
+            case "-v": verbose = true
+            case "-o", "-t", "-N":
+                guard index < arguments.count else { throw ConfigurationError("\(argument) needs a value") }
+                if argument == "-o" { optionLists.append(arguments[index]) }
+                index += 1
+            default:
+                if argument.hasPrefix("-o") && argument.count > 2 {
+                    optionLists.append(String(argument.dropFirst(2)))
+                } else if argument.hasPrefix("-") && argument != "-" {
+                    throw ConfigurationError("unknown flag '\(argument)': see mount.cssp --help")
+                } else {
+                    positionals.append(argument)
+                }
+            }
+        }
+        guard positionals.count == 2 else {
+            throw ConfigurationError(
+                positionals.count < 2
+                    ? "usage: mount.cssp URL MOUNTPOINT [-o options]: see mount.cssp --help"
+                    : "too many arguments ('\(positionals[2])'): usage: mount.cssp URL MOUNTPOINT [-o options]")
+        }
+        var options = MountOptions(endpoint: try Endpoint(parsing: positionals[0]), mountpoint: positionals[1])
+        options.foreground = foreground
+        options.debug = debug
+        options.verbose = verbose
+        for list in optionLists {
+            for option in list.split(separator: ",") where !option.isEmpty {
+                try apply(String(option), to: &options)
+            }
+        }
+        return .mount(options)
+    }
+
+    static func apply(_ option: String, to options: inout MountOptions) throws(ConfigurationError) {
+        let parts = option.split(separator: "=", maxSplits: 1)
+        let name = String(parts[0])
+        let value = parts.count > 1 ? String(parts[1]) : nil
+        func needValue() throws(ConfigurationError) -> String {
+            guard let value, !value.isEmpty else { throw ConfigurationError("option '\(name)' needs a value: \(name)=…") }
+            return value
+        }
+        func seconds() throws(ConfigurationError) -> Double {
+            let text = try needValue()
+            guard let v = Double(text), v >= 0, v.isFinite else {
+                throw ConfigurationError("option '\(name)' needs a number of seconds ≥ 0, not '\(text)'")
+            }
+            return v
+        }
+        func integer(_ range: ClosedRange<Int>) throws(ConfigurationError) -> Int {
+            let text = try needValue()
+            guard let v = Int(text), range.contains(v) else {
+                throw ConfigurationError("option '\(name)' needs an integer in \(range.lowerBound)…\(range.upperBound), not '\(text)'")
+            }
+            return v
+        }
+        if kernelFlags.contains(name) && value == nil {
+            options.kernelFlags.append(name)
+            return
+        }
+        if mountOnlyOptions.contains(name) || name.hasPrefix("x-") || name == "comment" { return }
+        switch name {
+        case "ro": options.readOnly = true
+        case "passwd_file": options.passwdFile = try needValue()
+        case "allow_other": options.allowOther = true
+        case "allow_root": options.allowRoot = true
+        case "default_permissions": options.defaultPermissions = true
+        case "uid": options.uid = UInt32(try integer(0...Int(UInt32.max - 1)))
+        case "gid": options.gid = UInt32(try integer(0...Int(UInt32.max - 1)))
+        case "umask":
+            let text = try needValue()
+            guard let v = UInt16(text, radix: 8), v <= 0o777 else {
+                throw ConfigurationError("option 'umask' needs an octal mask such as 022, not '\(text)'")
+            }
+            options.umask = v
+        case "attr_timeout": options.attributeTimeout = try seconds()
+        case "entry_timeout": options.entryTimeout = try seconds()
+        case "negative_timeout": options.negativeTimeout = try seconds()
+        case "dir_timeout": options.directoryTimeout = try seconds()
+        case "max_threads": options.maxThreads = try integer(1...256)
+        case "retries": options.retries = try integer(0...20)
+        case "connect_timeout": options.connectTimeout = try integer(1...600)
+        case "stall_timeout": options.stallTimeout = try integer(1...3600)
+        case "readahead_mb": options.readAheadMiB = try integer(0...1024)
+        case "fsname": options.fsname = try needValue()
+        case "debug": options.debug = true; options.foreground = true
+        case "foreground": options.foreground = true
+        default:
+            throw ConfigurationError("unknown option '\(option)': see mount.cssp --help for the options")
+        }
+    }
+
+    public static let usage = """
+        usage: mount.cssp URL MOUNTPOINT [-o option[,option...]] [-f] [-d]
+
+        Mounts the CSSP container at URL (http(s)://HOST[:PORT]/CONTAINER[/PREFIX]) on MOUNTPOINT.
+
+        flags:
+          -f                     stay in the foreground (log to stderr)
+          -d                     log every FUSE operation; implies -f
+          -s, -n, -v             accepted for mount(8); -v logs more
+          -h, --help             this text;  -V, --version  the version
+
+        options (-o):
+          passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
+          ro                     read-only mount
+          allow_other            let other users access the mount (needs user_allow_other for non-root)
+          allow_root             let root access the mount
+          default_permissions    let the kernel check permissions against the modes shown
+          uid=N, gid=N           owner of every file (default: the mounting user)
+          umask=OCTAL            bits cleared from modes 0777/0666 (default 022)
+          attr_timeout=S         seconds the kernel caches attributes (default 1)
+          entry_timeout=S        seconds the kernel caches names (default 1)
+          negative_timeout=S     seconds the kernel caches "no such file" (default 1)
+          dir_timeout=S          seconds a complete listing answers lookups (default 5)
+          readahead_mb=N         sequential read-ahead in MiB, 0 = off (default 24)
+          max_threads=N          FUSE worker threads (default 16)
+          retries=N              retries of a failed idempotent request (default 4)
+          connect_timeout=S      seconds to connect (default 10)
+          stall_timeout=S        seconds without progress before a transfer fails (default 30)
+          fsname=NAME            name in the mount table (default: the URL)
+          nosuid,nodev,noexec,noatime,...  passed to the kernel
+          _netdev,nofail,noauto,auto,user,users,defaults,x-*,comment=  ignored (mount(8)/fstab)
+
+        credentials, first found: -o passwd_file, $CSSP_PASSWD_FILE, ~/.passwd-cssp, /etc/passwd-cssp,
+        $CSSP_ACCESS_KEY_ID with $CSSP_SECRET_ACCESS_KEY.
+
+        exit status: 0 mounted (with -f: unmounted cleanly), 1 bad arguments or configuration,
+        32 the store or the mount failed.
+        """
+}

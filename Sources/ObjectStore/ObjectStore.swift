@@ -1,0 +1,174 @@
+// ObjectStore: what the filesystem needs from a CSSP container, with no I/O and no C.
+//
+// Subtleties this module pins down for everyone above it:
+// 1. Keys are UTF-8 strings relative to the container; `/` is only a convention.
+// 2. A listing's `size` of a DLO manifest is 0; only HEAD/GET report the real length.
+// 3. ETags are stored unquoted, lower-case hex; a DLO's ETag is the MD5 of its parts' ETags.
+// 4. Every call is synchronous and may block: callers run them on FUSE worker threads or on a
+//    pool they own, never on Swift's cooperative pool.
+
+/// The part of a container listing below one prefix, one page long.
+public struct ListPage: Sendable, Equatable {
+    public var entries: [ListEntry]
+    /// The marker for the next page, or nil when the listing is complete.
+    public var nextMarker: String?
+
+    public init(entries: [ListEntry], nextMarker: String?) {
+        self.entries = entries
+        self.nextMarker = nextMarker
+    }
+}
+
+/// One entry of a delimiter listing.
+public enum ListEntry: Sendable, Equatable {
+    case object(ObjectSummary)
+    /// A common prefix rolled up by the delimiter, including its trailing delimiter.
+    case commonPrefix(String)
+
+    /// The listing name: the key of an object or the common prefix.
+    public var name: String {
+        switch self {
+        case .object(let summary): return summary.key
+        case .commonPrefix(let prefix): return prefix
+        }
+    }
+}
+
+/// What a listing says about an object.
+public struct ObjectSummary: Sendable, Equatable {
+    public var key: String
+    public var size: Int64
+    public var etag: String
+    public var contentType: String
+    /// Seconds since the Unix epoch.
+    public var lastModified: Double
+
+    public init(key: String, size: Int64, etag: String, contentType: String, lastModified: Double) {
+        self.key = key
+        self.size = size
+        self.etag = etag
+        self.contentType = contentType
+        self.lastModified = lastModified
+    }
+}
+
+/// What HEAD or GET says about an object.
+public struct ObjectInfo: Sendable, Equatable {
+    public var key: String
+    public var size: Int64
+    public var etag: String
+    public var contentType: String
+    public var lastModified: Double
+    /// `X-Object-Meta-*` headers, names lower-cased without the prefix.
+    public var metadata: [String: String]
+    /// The `X-Object-Manifest` value (`container/prefix`) when the object is a DLO manifest.
+    public var manifest: String?
+
+    public init(
+        key: String, size: Int64, etag: String, contentType: String, lastModified: Double,
+        metadata: [String: String] = [:], manifest: String? = nil
+    ) {
+        self.key = key
+        self.size = size
+        self.etag = etag
+        self.contentType = contentType
+        self.lastModified = lastModified
+        self.metadata = metadata
+        self.manifest = manifest
+    }
+}
+
+/// What HEAD of the container says.
+public struct ContainerInfo: Sendable, Equatable {
+    public var objectCount: Int64
+    public var bytesUsed: Int64
+
+    public init(objectCount: Int64, bytesUsed: Int64) {
+        self.objectCount = objectCount
+        self.bytesUsed = bytesUsed
+    }
+}
+
+/// An inclusive byte range, as in `Range: bytes=lower-upper`.
+public struct ByteRange: Sendable, Equatable {
+    public var lower: Int64
+    public var upper: Int64
+
+    public init(lower: Int64, upper: Int64) {
+        precondition(lower >= 0 && upper >= lower, "invalid byte range \(lower)-\(upper)")
+        self.lower = lower
+        self.upper = upper
+    }
+
+    public init(offset: Int64, length: Int64) {
+        self.init(lower: offset, upper: offset + length - 1)
+    }
+
+    public var length: Int64 { upper - lower + 1 }
+}
+
+/// The body of a PUT.
+public enum PutBody: Sendable {
+    case bytes([UInt8])
+    /// `length` bytes of the file at `path` starting at `offset`.
+    case file(path: String, offset: Int64, length: Int64)
+}
+
+/// A container of a CSSP store. Implementations are thread-safe.
+public protocol ObjectStore: Sendable {
+    /// The container's name, as used in `X-Object-Manifest` and `X-Copy-From`.
+    var containerName: String { get }
+
+    func headContainer() throws(ObjectStoreError) -> ContainerInfo
+
+    /// One page of the listing of keys starting with `prefix`, after `marker`.
+    func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage
+
+    func head(key: String) throws(ObjectStoreError) -> ObjectInfo
+
+    /// GETs `range` (or the whole object) and hands the body to `sink` in order, piece by piece.
+    /// Returns what the response said about the object.
+    func get(
+        key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void
+    ) throws(ObjectStoreError) -> ObjectInfo
+
+    /// Stores `body` under `key`; the server verifies it against its MD5. Returns the ETag.
+    @discardableResult
+    func put(
+        key: String, body: PutBody, contentType: String?, metadata: [String: String]
+    ) throws(ObjectStoreError) -> String
+
+    /// Writes a zero-byte DLO manifest whose parts are the keys starting with `partPrefix`.
+    func putManifest(
+        key: String, partPrefix: String, contentType: String?, metadata: [String: String]
+    ) throws(ObjectStoreError)
+
+    /// Server-side copy of `source` to `destination`, keeping metadata unless `metadata` is given.
+    func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError)
+
+    func delete(key: String) throws(ObjectStoreError)
+}
+
+extension ObjectStore {
+    /// Reads the whole listing below `prefix`, page after page.
+    public func listAll(prefix: String, delimiter: String?, pageSize: Int = 10_000) throws(ObjectStoreError)
+        -> [ListEntry]
+    {
+        var entries: [ListEntry] = []
+        var marker: String? = nil
+        repeat {
+            let page = try list(prefix: prefix, delimiter: delimiter, marker: marker, limit: pageSize)
+            entries.append(contentsOf: page.entries)
+            marker = page.nextMarker
+        } while marker != nil
+        return entries
+    }
+
+    /// GETs a range into memory.
+    public func getBytes(key: String, range: ByteRange?) throws(ObjectStoreError) -> [UInt8] {
+        var bytes: [UInt8] = []
+        if let range { bytes.reserveCapacity(Int(range.length)) }
+        _ = try get(key: key, range: range) { bytes.append(contentsOf: $0) }
+        return bytes
+    }
+}

@@ -1,0 +1,522 @@
+import CCurl
+import Logging
+import ObjectStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where a container lives and how to talk to it.
+public struct HTTPStoreConfiguration: Sendable {
+    /// `http(s)://host[:port]`, no trailing slash.
+    public var baseURL: String
+    public var container: String
+    public var signer: RequestSigner
+    /// Seconds to wait for a TCP/TLS connection.
+    public var connectTimeout: Int = 10
+    /// A transfer that moves no byte for this many seconds fails (and may be retried).
+    public var stallTimeout: Int = 30
+    /// Attempts per idempotent request, the first included.
+    public var maxAttempts: Int = 5
+    /// Backoff before retry n is a random value in [b/2, b], b = min(backoffCap, backoffBase * 2^n).
+    public var backoffBase: Double = 0.1
+    public var backoffCap: Double = 5
+    /// Added to this machine's clock when dating requests. Only tests set it, to simulate skew.
+    public var clockOffsetSeconds: Int = 0
+    /// Where the credentials came from, named in authentication errors (never the secret itself).
+    public var credentialSource: String = "the credentials"
+
+    public init(baseURL: String, container: String, signer: RequestSigner) {
+        self.baseURL = baseURL
+        self.container = container
+        self.signer = signer
+    }
+}
+
+/// The CSSP client: libcurl for transport, OpenSSL for signing, shared by all FUSE threads.
+public final class HTTPObjectStore: ObjectStore {
+    public let configuration: HTTPStoreConfiguration
+    private let pool: CurlHandlePool
+    private let logger: Logger
+
+    public var containerName: String { configuration.container }
+
+    public init(configuration: HTTPStoreConfiguration, logger: Logger, maxIdleConnections: Int = 32) {
+        self.configuration = configuration
+        self.pool = CurlHandlePool(maxIdle: maxIdleConnections)
+        self.logger = logger
+    }
+
+    // MARK: ObjectStore
+
+    public func headContainer() throws(ObjectStoreError) -> ContainerInfo {
+        let response = try send(Request(method: "HEAD", key: nil))
+        return ContainerInfo(
+            objectCount: Int64(response.headers["x-container-object-count"] ?? "") ?? 0,
+            bytesUsed: Int64(response.headers["x-container-bytes-used"] ?? "") ?? 0)
+    }
+
+    public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError)
+        -> ListPage
+    {
+        precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
+        var request = Request(method: "GET", key: nil)
+        request.query = [("limit", String(limit))]
+        if !prefix.isEmpty { request.query.append(("prefix", prefix)) }
+        if let delimiter { request.query.append(("delimiter", delimiter)) }
+        if let marker { request.query.append(("marker", marker)) }
+        let response = try send(request)
+        let entries = response.status == 204 ? [] : try ListingParser.parse(response.body)
+        let next = entries.count >= limit ? entries.last?.name : nil
+        return ListPage(entries: entries, nextMarker: next)
+    }
+
+    public func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
+        let response = try send(Request(method: "HEAD", key: key))
+        return try objectInfo(key: key, response: response)
+    }
+
+    public func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
+        -> ObjectInfo
+    {
+        var request = Request(method: "GET", key: key)
+        request.range = range
+        let response = try withoutActuallyEscaping(sink) { (escapable) throws(ObjectStoreError) in
+            try send(request, sink: escapable)
+        }
+        return try objectInfo(key: key, response: response)
+    }
+
+    @discardableResult
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String])
+        throws(ObjectStoreError) -> String
+    {
+        var request = Request(method: "PUT", key: key)
+        request.body = body
+        request.contentType = contentType ?? "application/octet-stream"
+        let etag = try Self.md5(of: body)
+        request.headers.append(("ETag", etag))
+        request.headers += Self.metadataHeaders(metadata)
+        _ = try send(request)
+        return etag
+    }
+
+    public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String])
+        throws(ObjectStoreError)
+    {
+        var request = Request(method: "PUT", key: key)
+        request.body = .bytes([])
+        request.contentType = contentType ?? "application/octet-stream"
+        let target = PercentEncoding.encode(configuration.container + "/" + partPrefix, keepSlash: true)
+        request.headers.append(("X-Object-Manifest", target))
+        request.headers += Self.metadataHeaders(metadata)
+        _ = try send(request)
+    }
+
+    public func copy(from source: String, to destination: String, metadata: [String: String]?)
+        throws(ObjectStoreError)
+    {
+        var request = Request(method: "PUT", key: destination)
+        request.body = .bytes([])
+        let from = PercentEncoding.encode("/" + configuration.container + "/" + source, keepSlash: true)
+        request.headers.append(("X-Copy-From", from))
+        if let metadata {
+            request.headers.append(("X-Fresh-Metadata", "true"))
+            request.headers += Self.metadataHeaders(metadata)
+        }
+        _ = try send(request)
+    }
+
+    public func delete(key: String) throws(ObjectStoreError) {
+        _ = try send(Request(method: "DELETE", key: key))
+    }
+
+    // MARK: Requests
+
+    struct Request {
+        var method: String
+        /// nil for container requests.
+        var key: String?
+        var query: [(String, String)] = []
+        var headers: [(name: String, value: String)] = []
+        var contentType: String? = nil
+        var range: ByteRange? = nil
+        var body: PutBody? = nil
+    }
+
+    struct Response {
+        var status: Int
+        /// Lower-cased names.
+        var headers: [String: String]
+        var body: [UInt8]
+    }
+
+    static func metadataHeaders(_ metadata: [String: String]) -> [(name: String, value: String)] {
+        metadata.sorted { $0.key < $1.key }.map { ("X-Object-Meta-\($0.key)", $0.value) }
+    }
+
+    /// Sends `request`, retrying what is safe to retry. For a GET with `sink`, a 2xx body streams
+    /// to `sink`; a retry after a partial body resumes where the last attempt stopped.
+    func send(_ request: Request, sink: ((UnsafeRawBufferPointer) -> Void)? = nil) throws(ObjectStoreError)
+        -> Response
+    {
+        var attempt = 0
+        var delivered: Int64 = 0
+        while true {
+            attempt += 1
+            var current = request
+            if delivered > 0 {
+                let start = (request.range?.lower ?? 0) + delivered
+                current.range = ByteRange(lower: start, upper: request.range?.upper ?? Int64.max - 1)
+            }
+            let outcome = performOnce(current, sink: sink)
+            switch outcome {
+            case .success(let response):
+                return response
+            case .failure(let failure):
+                delivered += failure.delivered
+                let error = failure.error
+                guard error.isRetryable, attempt < configuration.maxAttempts else { throw error }
+                let delay = backoff(attempt: attempt)
+                logger.debug(
+                    "retrying request",
+                    metadata: [
+                        "method": "\(request.method)", "key": "\(request.key ?? "")", "attempt": "\(attempt)",
+                        "error": "\(error)", "delay": "\(delay)",
+                    ])
+                usleep(UInt32(delay * 1_000_000))
+            }
+        }
+    }
+
+    private func backoff(attempt: Int) -> Double {
+        let ceiling = min(configuration.backoffCap, configuration.backoffBase * Double(1 << min(attempt - 1, 20)))
+        return Double.random(in: (ceiling / 2)...ceiling)
+    }
+
+    struct AttemptFailure: Error {
+        var error: ObjectStoreError
+        /// Body bytes handed to the sink before the failure.
+        var delivered: Int64
+    }
+
+    private func url(for request: Request) -> String {
+        var url = configuration.baseURL + "/" + PercentEncoding.encode(configuration.container, keepSlash: false)
+        if let key = request.key { url += "/" + PercentEncoding.encode(key, keepSlash: true) }
+        url += "?format=xml"
+        for (name, value) in request.query {
+            url += "&\(name)=\(PercentEncoding.encode(value, keepSlash: false))"
+        }
+        return url
+    }
+
+    private func performOnce(_ request: Request, sink: ((UnsafeRawBufferPointer) -> Void)?)
+        -> Result<Response, AttemptFailure>
+    {
+        let context = TransferContext()
+        if case .some(.file(let path, let offset, let length)) = request.body {
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                let reason = String(cString: strerror(errno))
+                return .failure(
+                    AttemptFailure(error: ObjectStoreError(.localIO, "cannot read \(path): \(reason)"), delivered: 0))
+            }
+            context.upload = .file(fd: fd, offset: offset, remaining: length)
+        } else if case .some(.bytes(let bytes)) = request.body {
+            context.upload = .bytes(bytes, position: 0)
+        }
+        defer { context.closeUpload() }
+
+        let date = RequestSigner.httpDate(
+            secondsSinceEpoch: Int(time(nil)) + configuration.clockOffsetSeconds)
+        var resource = "/" + configuration.container
+        if let key = request.key { resource += "/" + key }
+        var headers = request.headers
+        headers.append(("Date", date))
+        if let contentType = request.contentType { headers.append(("Content-Type", contentType)) }
+        if let range = request.range {
+            let upper = range.upper >= Int64.max - 1 ? "" : String(range.upper)
+            headers.append(("Range", "bytes=\(range.lower)-\(upper)"))
+        }
+        let authorization = configuration.signer.authorization(
+            method: request.method, contentMD5: nil, contentType: request.contentType, date: date,
+            headers: request.headers, resource: resource)
+        headers.append(("Authorization", authorization))
+        // Swift answers 100-continue quickly, but skipping the round trip is faster still.
+        headers.append(("Expect", ""))
+
+        let curlResult: CURLcode = pool.withHandle { handle in
+            let h = handle.raw
+            curl_easy_reset(h)
+            var list: UnsafeMutablePointer<curl_slist>? = nil
+            for (name, value) in headers {
+                list = curl_slist_append(list, value.isEmpty ? "\(name):" : "\(name): \(value)")
+            }
+            defer { curl_slist_free_all(list) }
+            let target = url(for: request)
+            _ = cssp_curl_setopt_ptr(h, CURLOPT_URL, target)
+            _ = cssp_curl_setopt_ptr(h, CURLOPT_HTTPHEADER, list)
+            _ = cssp_curl_setopt_long(h, CURLOPT_NOSIGNAL, 1)
+            _ = cssp_curl_setopt_long(h, CURLOPT_CONNECTTIMEOUT, configuration.connectTimeout)
+            _ = cssp_curl_setopt_long(h, CURLOPT_LOW_SPEED_LIMIT, 1)
+            _ = cssp_curl_setopt_long(h, CURLOPT_LOW_SPEED_TIME, configuration.stallTimeout)
+            _ = cssp_curl_setopt_long(h, CURLOPT_TCP_KEEPALIVE, 1)
+            _ = cssp_curl_setopt_long(h, CURLOPT_BUFFERSIZE, 512 * 1024)
+            _ = cssp_curl_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, 1024 * 1024)
+            switch request.method {
+            case "GET": break
+            case "HEAD": _ = cssp_curl_setopt_long(h, CURLOPT_NOBODY, 1)
+            case "PUT":
+                _ = cssp_curl_setopt_long(h, CURLOPT_UPLOAD, 1)
+                _ = cssp_curl_setopt_off(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(context.uploadLength))
+                _ = cssp_curl_setopt_data_cb(h, CURLOPT_READFUNCTION, curlRead)
+            default: _ = cssp_curl_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, request.method)
+            }
+            let opaque = Unmanaged.passUnretained(context).toOpaque()
+            _ = cssp_curl_setopt_data_cb(h, CURLOPT_HEADERFUNCTION, curlHeader)
+            _ = cssp_curl_setopt_ptr(h, CURLOPT_HEADERDATA, opaque)
+            _ = cssp_curl_setopt_data_cb(h, CURLOPT_WRITEFUNCTION, curlWrite)
+            _ = cssp_curl_setopt_ptr(h, CURLOPT_WRITEDATA, opaque)
+            _ = cssp_curl_setopt_ptr(h, CURLOPT_READDATA, opaque)
+            context.sink = sink
+            defer { context.sink = nil }
+            return curl_easy_perform(h)
+        }
+
+        if curlResult != CURLE_OK {
+            let reason = String(cString: curl_easy_strerror(curlResult))
+            let error = ObjectStoreError(
+                .transient,
+                "cannot reach \(configuration.baseURL): \(reason); check the URL and that the service is reachable")
+            return .failure(AttemptFailure(error: error, delivered: context.delivered))
+        }
+        let response = Response(status: context.status, headers: context.headers, body: context.body)
+        if (200..<300).contains(response.status) { return .success(response) }
+        return .failure(AttemptFailure(error: error(for: response, request: request), delivered: context.delivered))
+    }
+
+    /// Turns a non-2xx response into a typed error whose message says what to do.
+    func error(for response: Response, request: Request) -> ObjectStoreError {
+        let status = response.status
+        let requestID = response.headers["x-trans-id"] ?? response.headers["x-openstack-request-id"]
+        let what = request.key.map { "'\($0)'" } ?? "container '\(configuration.container)'"
+        let detail = ListingParser.parseError(response.body)
+        func make(_ code: ObjectStoreError.Code, _ message: String) -> ObjectStoreError {
+            ObjectStoreError(code, message, httpStatus: status, requestID: requestID)
+        }
+        switch status {
+        case 401, 403:
+            if Self.isClockSkew(detailCode: detail?.code, serverDate: response.headers["date"],
+                localOffset: configuration.clockOffsetSeconds)
+            {
+                return make(
+                    .clockSkew,
+                    "the server rejected the request time: this machine's clock differs from the server's by more "
+                        + "than 15 minutes; set the clock right (e.g. enable NTP) and retry")
+            }
+            let key = configuration.signer.accessKey
+            if detail?.code == "SignatureDoesNotMatch" || detail?.code == "InvalidSignatureException" {
+                return make(
+                    .accessDenied,
+                    "the server rejected the signature for access key '\(key)': check the secret key in "
+                        + configuration.credentialSource)
+            }
+            return make(
+                .accessDenied,
+                "access denied for access key '\(key)' on \(what)"
+                    + (detail.map { " (\($0.code))" } ?? "")
+                    + ": check the access key and secret in \(configuration.credentialSource)")
+        case 404:
+            return make(.notFound, "\(what) does not exist")
+        case 408:
+            return make(.transient, "the server timed out waiting for the request")
+        case 412:
+            return make(.preconditionFailed, "\(what) changed on the server")
+        case 416:
+            return make(.rangeNotSatisfiable, "the requested range lies beyond the end of \(what)")
+        case 422:
+            return make(.checksumMismatch, "the server received different bytes than were sent for \(what)")
+        case 429, 498:
+            return make(.throttled, "the server is throttling requests")
+        case 500..<600:
+            return make(.transient, "the server failed to handle \(request.method) \(what)")
+        default:
+            return make(
+                .invalidRequest,
+                "the server refused \(request.method) \(what)" + (detail.map { ": \($0.code) \($0.message)" } ?? ""))
+        }
+    }
+
+    /// A 401/403 is a clock problem when the body says so, or (HEAD has no body) when the server's
+    /// `Date` is more than 15 minutes from the time we signed with.
+    static func isClockSkew(detailCode: String?, serverDate: String?, localOffset: Int) -> Bool {
+        if detailCode == "RequestTimeTooSkewed" || detailCode == "RequestExpired" { return true }
+        guard detailCode == nil, let serverDate, let server = HTTPDate.parse(serverDate) else { return false }
+        let signedWith = Double(time(nil) + localOffset)
+        return abs(signedWith - server) > 15 * 60
+    }
+
+    private func objectInfo(key: String, response: Response) throws(ObjectStoreError) -> ObjectInfo {
+        let h = response.headers
+        var size = Int64(h["content-length"] ?? "") ?? 0
+        if let contentRange = h["content-range"], let slash = contentRange.lastIndex(of: "/"),
+            let total = Int64(contentRange[contentRange.index(after: slash)...])
+        {
+            size = total
+        }
+        var metadata: [String: String] = [:]
+        for (name, value) in h where name.hasPrefix("x-object-meta-") {
+            metadata[String(name.dropFirst("x-object-meta-".count))] = value
+        }
+        let modified =
+            Double(h["x-timestamp"] ?? "") ?? h["last-modified"].flatMap { HTTPDate.parse($0) } ?? 0
+        return ObjectInfo(
+            key: key, size: size, etag: Self.unquote(h["etag"] ?? ""), contentType: h["content-type"] ?? "",
+            lastModified: modified, metadata: metadata, manifest: h["x-object-manifest"].map { PercentEncoding.decode($0) ?? $0 })
+    }
+
+    static func unquote(_ etag: String) -> String {
+        var e = Substring(etag)
+        if e.hasPrefix("\"") { e = e.dropFirst() }
+        if e.hasSuffix("\"") { e = e.dropLast() }
+        return e.lowercased()
+    }
+
+    static func md5(of body: PutBody) throws(ObjectStoreError) -> String {
+        switch body {
+        case .bytes(let bytes):
+            return MD5.hex(of: bytes)
+        case .file(let path, let offset, let length):
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else {
+                throw ObjectStoreError(.localIO, "cannot read \(path): \(String(cString: strerror(errno)))")
+            }
+            defer { close(fd) }
+            let md5 = MD5()
+            let chunk = 1 << 20
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunk, alignment: 16)
+            defer { buffer.deallocate() }
+            var position = offset
+            var remaining = length
+            while remaining > 0 {
+                let n = pread(fd, buffer.baseAddress, min(chunk, Int(remaining)), off_t(position))
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else {
+                    throw ObjectStoreError(.localIO, "cannot read \(path): unexpected end or error")
+                }
+                md5.update(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+                position += Int64(n)
+                remaining -= Int64(n)
+            }
+            return md5.finalize()
+        }
+    }
+}
+
+/// State of one transfer, reached from libcurl's callbacks through the user-data pointer.
+final class TransferContext {
+    enum Upload {
+        case bytes([UInt8], position: Int)
+        case file(fd: Int32, offset: Int64, remaining: Int64)
+    }
+
+    var status = 0
+    var headers: [String: String] = [:]
+    var body: [UInt8] = []
+    var sink: ((UnsafeRawBufferPointer) -> Void)?
+    var delivered: Int64 = 0
+    var upload: Upload?
+    var uploadError = false
+
+    var uploadLength: Int64 {
+        switch upload {
+        case .bytes(let b, _): return Int64(b.count)
+        case .file(_, _, let remaining): return remaining
+        case nil: return 0
+        }
+    }
+
+    func closeUpload() {
+        if case .file(let fd, _, _) = upload { close(fd) }
+        upload = nil
+    }
+}
+
+private let curlHeader: cssp_curl_data_cb = { ptr, size, count, user in
+    let n = size * count
+    guard let ptr, let user else { return n }
+    let context = Unmanaged<TransferContext>.fromOpaque(user).takeUnretainedValue()
+    let raw = UnsafeRawBufferPointer(start: ptr, count: n)
+    var line = String(decoding: raw, as: UTF8.self)
+    while line.hasSuffix("\r\n") || line.hasSuffix("\n") { line.removeLast() }
+    if line.hasPrefix("HTTP/") {
+        // A new status line (after 100 Continue or a redirect) starts a new header block.
+        let parts = line.split(separator: " ", maxSplits: 2)
+        context.status = parts.count > 1 ? Int(parts[1]) ?? 0 : 0
+        context.headers = [:]
+    } else if let colon = line.firstIndex(of: ":") {
+        let name = line[..<colon].lowercased()
+        var value = line[line.index(after: colon)...]
+        while value.first == " " { value = value.dropFirst() }
+        context.headers[name] = String(value)
+    }
+    return n
+}
+
+private let curlWrite: cssp_curl_data_cb = { ptr, size, count, user in
+    let n = size * count
+    guard let ptr, let user else { return n }
+    let context = Unmanaged<TransferContext>.fromOpaque(user).takeUnretainedValue()
+    let raw = UnsafeRawBufferPointer(start: ptr, count: n)
+    if let sink = context.sink, (200..<300).contains(context.status) {
+        sink(raw)
+        context.delivered += Int64(n)
+    } else {
+        context.body.append(contentsOf: raw)
+    }
+    return n
+}
+
+private let curlRead: cssp_curl_data_cb = { ptr, size, count, user in
+    guard let ptr, let user else { return 0 }
+    let context = Unmanaged<TransferContext>.fromOpaque(user).takeUnretainedValue()
+    let capacity = size * count
+    switch context.upload {
+    case .bytes(let bytes, let position):
+        let n = min(capacity, bytes.count - position)
+        if n > 0 {
+            bytes.withUnsafeBytes { src in
+                UnsafeMutableRawPointer(ptr).copyMemory(from: src.baseAddress! + position, byteCount: n)
+            }
+        }
+        context.upload = .bytes(bytes, position: position + n)
+        return n
+    case .file(let fd, let offset, let remaining):
+        let want = min(capacity, Int(remaining))
+        if want == 0 { return 0 }
+        var n: Int
+        repeat { n = pread(fd, ptr, want, off_t(offset)) } while n < 0 && errno == EINTR
+        if n <= 0 {
+            context.uploadError = true
+            return Int(CURL_READFUNC_ABORT)
+        }
+        context.upload = .file(fd: fd, offset: offset + Int64(n), remaining: remaining - Int64(n))
+        return n
+    case nil:
+        return 0
+    }
+}
+
+/// RFC 1123 dates as HTTP uses them (`Sat, 21 Nov 2026 22:40:21 GMT`).
+enum HTTPDate {
+    static func parse(_ text: String) -> Double? {
+        let parts = text.split(separator: " ")
+        guard parts.count >= 5, let day = Int(parts[1]), let year = Int(parts[3]) else { return nil }
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        guard let monthIndex = months.firstIndex(of: String(parts[2])) else { return nil }
+        let clock = parts[4].split(separator: ":")
+        guard clock.count == 3, let h = Int(clock[0]), let m = Int(clock[1]), let s = Int(clock[2]) else { return nil }
+        let days = ListingParser.daysFromCivil(year: year, month: monthIndex + 1, day: day)
+        return Double(days * 86_400 + h * 3600 + m * 60 + s)
+    }
+}
