@@ -68,9 +68,12 @@ let package = Package(
         .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore"]),
         .testTarget(
             name: "FileSystemTests",
-            dependencies: ["FileSystem", "ObjectStore", "ObjectStoreTesting"]
+            dependencies: ["FileSystem", "ObjectStore", "ObjectStoreTesting", .product(name: "Logging", package: "swift-log")]
         ),
-        .testTarget(name: "FuseAdapterTests", dependencies: ["FuseAdapter", "FileSystem"]),
+        .testTarget(
+            name: "FuseAdapterTests",
+            dependencies: ["FuseAdapter", "FileSystem", .product(name: "SystemPackage", package: "swift-system")]
+        ),
         .testTarget(name: "MountCSSPTests", dependencies: ["MountCSSPConfig"]),
         .testTarget(
             name: "EndToEndTests",

@@ -3,10 +3,9 @@ import Synchronization
 
 /// One open directory: the listing streamed page by page as readdir asks for more.
 final class DirectoryReader: Sendable {
-    static let pageSize = 10_000
-
     let prefix: String
     private let store: any ObjectStore
+    private let pageSize: Int
 
     private struct State {
         var builder: DirectoryBuilder
@@ -19,8 +18,9 @@ final class DirectoryReader: Sendable {
     /// outside the lock never races with another fetch of the same reader.
     private let state: Mutex<State>
 
-    init(store: any ObjectStore, prefix: String) {
+    init(store: any ObjectStore, prefix: String, pageSize: Int) {
         self.store = store
+        self.pageSize = pageSize
         self.prefix = prefix
         self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix)))
     }
@@ -34,7 +34,7 @@ final class DirectoryReader: Sendable {
             if !available.isEmpty || complete { return (available, complete) }
             let page: ListPage
             do {
-                page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: Self.pageSize)
+                page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
             } catch {
                 throw FSError(storeError: error, operation: "readdir", path: prefix)
             }

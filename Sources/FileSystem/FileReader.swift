@@ -75,7 +75,8 @@ final class FileReader: Sendable {
                 }
             }
             var prefetch: [Chunk] = []
-            let depth = min(readAheadChunks, s.sequentialRun)
+            // Read ahead from the second sequential read on: one read (`file`, `head -c`) is not a stream.
+            let depth = min(readAheadChunks, s.sequentialRun - 1)
             let lastIndex = (size - 1) / chunkSize
             if depth > 0 {
                 for index in (last + 1)...(last + Int64(depth)) where index <= lastIndex && s.chunks[index] == nil {

@@ -73,7 +73,7 @@ public final class Filesystem: Sendable {
         var initial = State()
         initial.nodes[Self.rootInode] = Node(
             inode: Self.rootInode, parent: Self.rootInode, name: "", kind: .directory, key: configuration.rootPrefix,
-            size: 0, etag: "", modified: 0, isManifest: false, confirmedAt: 0, lookups: 1)
+            size: 0, etag: "", modified: configuration.directoryTime, isManifest: false, confirmedAt: 0, lookups: 1)
         state = Mutex(initial)
     }
 
@@ -197,7 +197,7 @@ public final class Filesystem: Sendable {
                 node.confirmedAt = Self.now()
             }
         } else {
-            node.modified = entry.modified
+            node.modified = configuration.directoryTime
         }
         s.nodes[node.inode] = node
         return attributes(of: node)
@@ -281,7 +281,7 @@ public final class Filesystem: Sendable {
     public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
-        let reader = DirectoryReader(store: store, prefix: directory.key)
+        let reader = DirectoryReader(store: store, prefix: directory.key, pageSize: configuration.listPageSize)
         return state.withLock { s in
             let handle = s.nextHandle
             s.nextHandle += 1

@@ -45,6 +45,10 @@ public struct FilesystemConfiguration: Sendable {
     public var readChunkSize: Int = 8 << 20
     /// Chunks fetched ahead of a sequential reader.
     public var readAheadChunks: Int = 3
+    /// Entries per listing request (the protocol allows at most 10 000).
+    public var listPageSize: Int = 10_000
+    /// The time shown for directories, which have none of their own (the mount's start).
+    public var directoryTime: Double = 0
 
     public init() {}
 }

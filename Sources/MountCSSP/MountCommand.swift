@@ -128,6 +128,7 @@ enum MountCommand {
         fsConfiguration.umask = options.umask
         fsConfiguration.directoryCacheSeconds = options.directoryTimeout
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
+        fsConfiguration.directoryTime = Double(time(nil))
         fsConfiguration.readAheadChunks = options.readAheadMiB / (fsConfiguration.readChunkSize >> 20)
         let filesystem = Filesystem(store: store, configuration: fsConfiguration, logger: logger)
 

@@ -1,0 +1,176 @@
+import ObjectStore
+import Synchronization
+
+/// An in-memory container with Swift's listing and DLO semantics, counting every request, so
+/// tests can assert what an operation cost ("readdir of N objects makes no HEAD").
+public final class FakeObjectStore: ObjectStore {
+    public struct Counts: Sendable, Equatable {
+        public var list = 0
+        public var head = 0
+        public var get = 0
+        public var getBytes: Int64 = 0
+        public var put = 0
+        public var delete = 0
+        public var copy = 0
+        public init() {}
+    }
+
+    struct Object {
+        var bytes: [UInt8]
+        var contentType: String
+        var metadata: [String: String]
+        var manifest: String?
+        var modified: Double
+    }
+
+    public let containerName: String
+    /// Protects objects and counts.
+    private let state = Mutex<(objects: [String: Object], counts: Counts, clock: Double)>(([:], Counts(), 1_700_000_000))
+
+    public init(containerName: String = "fake-container") {
+        self.containerName = containerName
+    }
+
+    public var counts: Counts { state.withLock { $0.counts } }
+    public func resetCounts() { state.withLock { $0.counts = Counts() } }
+
+    /// Seeds an object without counting a request.
+    public func seed(_ key: String, _ bytes: [UInt8] = [], contentType: String = "application/octet-stream", manifest: String? = nil) {
+        state.withLock { s in
+            s.clock += 1
+            s.objects[key] = Object(bytes: bytes, contentType: contentType, metadata: [:], manifest: manifest, modified: s.clock)
+        }
+    }
+
+    public func seed(_ key: String, text: String) { seed(key, Array(text.utf8)) }
+
+    private static func etag(_ bytes: [UInt8]) -> String {
+        // Not MD5: any content-derived value serves for change detection in tests.
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        return String(h, radix: 16)
+    }
+
+    private static func byteOrder(_ a: String, _ b: String) -> Bool {
+        Array(a.utf8).lexicographicallyPrecedes(Array(b.utf8))
+    }
+
+    /// The content of an object, resolving DLO manifests (parts in name order).
+    private func content(_ key: String, in objects: [String: Object]) -> [UInt8]? {
+        guard let object = objects[key] else { return nil }
+        guard let manifest = object.manifest else { return object.bytes }
+        let partPrefix = String(manifest.dropFirst(containerName.count + 1))
+        return objects.keys.filter { $0.utf8.starts(with: partPrefix.utf8) }.sorted(by: Self.byteOrder)
+            .flatMap { objects[$0]!.bytes }
+    }
+
+    private func info(_ key: String, in objects: [String: Object]) throws(ObjectStoreError) -> ObjectInfo {
+        guard let object = objects[key], let bytes = content(key, in: objects) else {
+            throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
+        }
+        return ObjectInfo(
+            key: key, size: Int64(bytes.count), etag: Self.etag(bytes), contentType: object.contentType,
+            lastModified: object.modified, metadata: object.metadata, manifest: object.manifest)
+    }
+
+    public func headContainer() throws(ObjectStoreError) -> ContainerInfo {
+        state.withLock { s in
+            ContainerInfo(objectCount: Int64(s.objects.count), bytesUsed: s.objects.values.reduce(0) { $0 + Int64($1.bytes.count) })
+        }
+    }
+
+    public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        state.withLock { s in
+            s.counts.list += 1
+            var entries: [ListEntry] = []
+            var lastPrefix: String? = nil
+            for key in s.objects.keys.sorted(by: Self.byteOrder) {
+                guard key.utf8.starts(with: prefix.utf8) else { continue }
+                if let marker, !Self.byteOrder(marker, key) { continue }
+                let rest = Substring(key.utf8.dropFirst(prefix.utf8.count))
+                if let delimiter, let range = rest.firstRange(of: delimiter) {
+                    let common = prefix + rest[..<range.upperBound]
+                    if common == lastPrefix || common == marker { continue }
+                    lastPrefix = common
+                    entries.append(.commonPrefix(common))
+                } else {
+                    let o = s.objects[key]!
+                    entries.append(.object(ObjectSummary(
+                        key: key, size: Int64(o.bytes.count), etag: Self.etag(o.bytes), contentType: o.contentType,
+                        lastModified: o.modified)))
+                }
+                if entries.count == limit { break }
+            }
+            return ListPage(entries: entries, nextMarker: entries.count >= limit ? entries.last?.name : nil)
+        }
+    }
+
+    public func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
+        try state.withLock { (s) throws(ObjectStoreError) in
+            s.counts.head += 1
+            return try info(key, in: s.objects)
+        }
+    }
+
+    public func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError) -> ObjectInfo {
+        let (result, bytes): (ObjectInfo, [UInt8]) = try state.withLock { (s) throws(ObjectStoreError) in
+            s.counts.get += 1
+            let result = try info(key, in: s.objects)
+            var bytes = content(key, in: s.objects)!
+            if let range {
+                guard range.lower < bytes.count else {
+                    throw ObjectStoreError(.rangeNotSatisfiable, "range beyond end", httpStatus: 416)
+                }
+                bytes = Array(bytes[Int(range.lower)...Int(min(range.upper, Int64(bytes.count) - 1))])
+            }
+            s.counts.getBytes += Int64(bytes.count)
+            return (result, bytes)
+        }
+        bytes.withUnsafeBytes { sink($0) }
+        return result
+    }
+
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) -> String {
+        guard case .bytes(let bytes) = body else {
+            throw ObjectStoreError(.localIO, "FakeObjectStore stores only in-memory bodies")
+        }
+        return state.withLock { s in
+            s.counts.put += 1
+            s.clock += 1
+            s.objects[key] = Object(
+                bytes: bytes, contentType: contentType ?? "application/octet-stream", metadata: metadata, manifest: nil,
+                modified: s.clock)
+            return Self.etag(bytes)
+        }
+    }
+
+    public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) {
+        state.withLock { s in
+            s.counts.put += 1
+            s.clock += 1
+            s.objects[key] = Object(
+                bytes: [], contentType: contentType ?? "application/octet-stream", metadata: metadata,
+                manifest: containerName + "/" + partPrefix, modified: s.clock)
+        }
+    }
+
+    public func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError) {
+        try state.withLock { (s) throws(ObjectStoreError) in
+            s.counts.copy += 1
+            guard var object = s.objects[source] else {
+                throw ObjectStoreError(.notFound, "'\(source)' does not exist", httpStatus: 404)
+            }
+            if let metadata { object.metadata = metadata }
+            s.objects[destination] = object
+        }
+    }
+
+    public func delete(key: String) throws(ObjectStoreError) {
+        try state.withLock { (s) throws(ObjectStoreError) in
+            s.counts.delete += 1
+            guard s.objects.removeValue(forKey: key) != nil else {
+                throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// The filesystem core against the in-memory store: semantics and request counts, no kernel.
+struct FilesystemTests {
+    func makeFilesystem(_ store: FakeObjectStore, pageSize: Int = 10_000, rootPrefix: String = "") -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.listPageSize = pageSize
+        configuration.rootPrefix = rootPrefix
+        configuration.readChunkSize = 1 << 16
+        return Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    /// Every name readdir shows in `inode` (without . and ..), in order.
+    func names(_ fs: Filesystem, _ inode: InodeNumber) throws -> [String] {
+        let handle = try fs.opendir(inode)
+        defer { fs.releasedir(handle: handle) }
+        var result: [String] = []
+        var offset: Int64 = 0
+        // Small batches, as the kernel asks: 7 entries per call.
+        while true {
+            var batch = 0
+            try fs.readdir(inode, handle: handle, offset: offset) { name, _, _, next in
+                guard batch < 7 else { return false }
+                batch += 1
+                if name != "." && name != ".." { result.append(name) }
+                offset = next
+                return true
+            }
+            if batch == 0 { return result }
+        }
+    }
+
+    func readAll(_ fs: Filesystem, _ inode: InodeNumber, chunk: Int = 4096) throws -> [UInt8] {
+        let opened = try fs.open(inode, writable: false)
+        defer { fs.release(handle: opened.handle) }
+        var bytes: [UInt8] = []
+        while true {
+            var got = 0
+            try fs.read(handle: opened.handle, offset: Int64(bytes.count), length: chunk) { piece in
+                got = piece.count
+                bytes.append(contentsOf: piece)
+            }
+            if got == 0 { return bytes }
+        }
+    }
+
+    @Test func readdirOfRegularObjectsMakesNoHead() throws {
+        let store = FakeObjectStore()
+        for i in 0..<250 { store.seed("dir/file\(i)", text: "content \(i)") }
+        let fs = makeFilesystem(store, pageSize: 100)
+        let dir = try fs.lookup(parent: Filesystem.rootInode, name: "dir")
+        store.resetCounts()
+        let listed = try names(fs, dir.inode)
+        #expect(listed.count == 250)
+        #expect(store.counts.list == 3)
+        for name in listed {
+            let attributes = try fs.lookup(parent: dir.inode, name: name)
+            #expect(attributes.kind == .file)
+            #expect(attributes.size == Int64("content ".count + name.dropFirst(4).count))
+        }
+        #expect(store.counts.head == 0)
+        #expect(store.counts.list == 3)
+    }
+
+    @Test func markersAndImplicitPrefixesAreDirectories() throws {
+        let store = FakeObjectStore()
+        store.seed("implicit/a", text: "a")
+        store.seed("marker/")
+        store.seed("typed", contentType: "application/directory")
+        store.seed("typed/inside", text: "x")
+        store.seed("plain", text: "p")
+        let fs = makeFilesystem(store)
+        #expect(try names(fs, Filesystem.rootInode).sorted() == ["implicit", "marker", "plain", "typed"])
+        for name in ["implicit", "marker", "typed"] {
+            #expect(try fs.lookup(parent: Filesystem.rootInode, name: name).kind == .directory)
+        }
+        let marker = try fs.lookup(parent: Filesystem.rootInode, name: "marker")
+        #expect(try names(fs, marker.inode) == [])
+        let typed = try fs.lookup(parent: Filesystem.rootInode, name: "typed")
+        #expect(try names(fs, typed.inode) == ["inside"])
+    }
+
+    @Test func sdkStyleDLOIsOneFileWithItsRealSize() throws {
+        let store = FakeObjectStore()
+        store.seed("video/up1/00000001", Array(repeating: 1, count: 1000))
+        store.seed("video/up1/00000002", Array(repeating: 2, count: 500))
+        store.seed("video", manifest: "fake-container/video/up1/")
+        let fs = makeFilesystem(store)
+        #expect(try names(fs, Filesystem.rootInode) == ["video"])
+        store.resetCounts()
+        let video = try fs.lookup(parent: Filesystem.rootInode, name: "video")
+        #expect(video.kind == .file)
+        #expect(video.size == 1500)
+        #expect(store.counts.head == 1)
+        let bytes = try readAll(fs, video.inode, chunk: 700)
+        #expect(bytes == Array(repeating: 1, count: 1000) + Array(repeating: 2, count: 500))
+    }
+
+    @Test func dlolookupWithoutListingIsAFileToo() throws {
+        let store = FakeObjectStore()
+        store.seed("v/u/00000001", text: "abc")
+        store.seed("v", manifest: "fake-container/v/u/")
+        let fs = makeFilesystem(store)
+        let v = try fs.lookup(parent: Filesystem.rootInode, name: "v")
+        #expect(v.kind == .file)
+        #expect(v.size == 3)
+    }
+
+    @Test func fileAndDirectoryOfTheSameNameKeepBoth() throws {
+        let store = FakeObjectStore()
+        store.seed("x", text: "the file")
+        store.seed("x-1", text: "between")
+        store.seed("x.txt", text: "between too")
+        store.seed("x/child", text: "c")
+        // Small pages: the file and its directory land on different pages.
+        let fs = makeFilesystem(store, pageSize: 1)
+        #expect(try names(fs, Filesystem.rootInode).sorted() == ["x", "x-1", "x.txt", "x~object"])
+        let directory = try fs.lookup(parent: Filesystem.rootInode, name: "x")
+        #expect(directory.kind == .directory)
+        let alias = try fs.lookup(parent: Filesystem.rootInode, name: "x~object")
+        #expect(alias.kind == .file)
+        #expect(try readAll(fs, alias.inode) == Array("the file".utf8))
+        // Without a listing in the cache, lookups reach the same answer.
+        let fresh = makeFilesystem(store)
+        #expect(try fresh.lookup(parent: Filesystem.rootInode, name: "x").kind == .directory)
+        #expect(try fresh.lookup(parent: Filesystem.rootInode, name: "x~object").size == 8)
+    }
+
+    @Test func namesThatCannotBePathComponentsAreSkipped() throws {
+        let store = FakeObjectStore()
+        store.seed("a//b", text: "1")
+        store.seed("./c", text: "2")
+        store.seed("ok", text: "3")
+        store.seed(String(repeating: "n", count: 256), text: "4")
+        let fs = makeFilesystem(store)
+        #expect(try names(fs, Filesystem.rootInode) == ["a", "ok"])
+        let a = try fs.lookup(parent: Filesystem.rootInode, name: "a")
+        #expect(try names(fs, a.inode) == [])
+        #expect(throws: FSError.self) { try fs.lookup(parent: Filesystem.rootInode, name: "missing") }
+    }
+
+    @Test func lookupWithoutListingCostsOneHeadAndOneList() throws {
+        let store = FakeObjectStore()
+        store.seed("docs/readme", text: "hello")
+        let fs = makeFilesystem(store)
+        let docs = try fs.lookup(parent: Filesystem.rootInode, name: "docs")
+        store.resetCounts()
+        let readme = try fs.lookup(parent: docs.inode, name: "readme")
+        #expect(readme.size == 5)
+        #expect(store.counts.head == 1)
+        #expect(store.counts.list == 1)
+        do {
+            _ = try fs.lookup(parent: docs.inode, name: "nothing")
+            Issue.record("lookup of a missing name succeeded")
+        } catch {
+            #expect(error.code == .notFound)
+        }
+    }
+
+    @Test func readsAreCorrectAtEOFAndForEmptyFiles() throws {
+        let store = FakeObjectStore()
+        let content = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        store.seed("big", content)
+        store.seed("empty")
+        let fs = makeFilesystem(store)
+        let big = try fs.lookup(parent: Filesystem.rootInode, name: "big")
+        #expect(try readAll(fs, big.inode, chunk: 131_072) == content)
+        let empty = try fs.lookup(parent: Filesystem.rootInode, name: "empty")
+        #expect(empty.size == 0)
+        #expect(try readAll(fs, empty.inode) == [])
+        let opened = try fs.open(big.inode, writable: false)
+        var tail: [UInt8] = []
+        try fs.read(handle: opened.handle, offset: 199_990, length: 100) { tail = Array($0) }
+        #expect(tail == Array(content[199_990...]))
+        try fs.read(handle: opened.handle, offset: 300_000, length: 100) { tail = Array($0) }
+        #expect(tail.isEmpty)
+    }
+
+    @Test func randomReadsFetchOnlyWhatIsAsked() throws {
+        let store = FakeObjectStore()
+        store.seed("data", Array(repeating: 9, count: 1 << 20))
+        let fs = makeFilesystem(store)
+        let data = try fs.lookup(parent: Filesystem.rootInode, name: "data")
+        let opened = try fs.open(data.inode, writable: false)
+        // The first read at 0 starts a chunk; then far-apart reads are random.
+        try fs.read(handle: opened.handle, offset: 0, length: 4096) { _ in }
+        store.resetCounts()
+        for offset in [700_000, 300_000, 900_000, 100_000] as [Int64] {
+            var got = 0
+            try fs.read(handle: opened.handle, offset: offset, length: 4096) { got = $0.count }
+            #expect(got == 4096)
+        }
+        #expect(store.counts.get == 4)
+        #expect(store.counts.getBytes == 4 * 4096)
+    }
+
+    @Test func sequentialReadsReadAhead() throws {
+        let store = FakeObjectStore()
+        let content = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 >> 3) }
+        store.seed("seq", content)
+        let fs = makeFilesystem(store)
+        let seq = try fs.lookup(parent: Filesystem.rootInode, name: "seq")
+        store.resetCounts()
+        #expect(try readAll(fs, seq.inode, chunk: 4096) == content)
+        // 64 KiB chunks for 1 MiB: 16 GETs, not 256 (one per 4 KiB read).
+        #expect(store.counts.get <= 17)
+        #expect(store.counts.getBytes == 1 << 20)
+    }
+
+    @Test func changedObjectIsStaleForOpenHandles() throws {
+        let store = FakeObjectStore()
+        store.seed("f", Array(repeating: 1, count: 200_000))
+        let fs = makeFilesystem(store)
+        let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        let opened = try fs.open(f.inode, writable: false)
+        store.seed("f", Array(repeating: 2, count: 200_000))
+        do {
+            try fs.read(handle: opened.handle, offset: 0, length: 10) { _ in }
+            Issue.record("read of a replaced object succeeded")
+        } catch {
+            #expect(error.code == .stale)
+        }
+    }
+
+    @Test func writesAreRefusedOnTheReadOnlyMount() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "x")
+        let fs = makeFilesystem(store)
+        let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        #expect(throws: FSError.self) { try fs.open(f.inode, writable: true) }
+    }
+
+    @Test func rootPrefixMountsASubtree() throws {
+        let store = FakeObjectStore()
+        store.seed("outside", text: "o")
+        store.seed("sub/inside", text: "i")
+        let fs = makeFilesystem(store, rootPrefix: "sub/")
+        #expect(try names(fs, Filesystem.rootInode) == ["inside"])
+    }
+
+    @Test func forgottenInodesAreDropped() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "x")
+        let fs = makeFilesystem(store)
+        let first = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        let again = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        #expect(first.inode == again.inode)
+        fs.forget(first.inode, count: 2)
+        #expect(throws: FSError.self) { try fs.getattr(first.inode) }
+        let third = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        #expect(third.inode != first.inode)
+    }
+}

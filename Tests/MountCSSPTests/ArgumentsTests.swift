@@ -1,0 +1,127 @@
+import MountCSSPConfig
+import Testing
+
+struct ArgumentsTests {
+    func options(_ arguments: [String]) throws -> MountOptions {
+        guard case .mount(let options) = try Arguments.parse(arguments) else {
+            throw ConfigurationError("not a mount command")
+        }
+        return options
+    }
+
+    @Test func mountHelperConvention() throws {
+        let o = try options([
+            "https://Store.Example:8443/photos", "/mnt/p", "-o", "rw,allow_other,uid=1000,gid=100,umask=027,_netdev",
+            "-o", "passwd_file=/etc/pw,attr_timeout=2.5,nofail,x-systemd.automount,noatime", "-f", "-s", "-n", "-v",
+        ])
+        #expect(o.endpoint.baseURL == "https://store.example:8443")
+        #expect(o.endpoint.container == "photos")
+        #expect(o.mountpoint == "/mnt/p")
+        #expect(o.allowOther && o.foreground && o.verbose && !o.debug && !o.readOnly)
+        #expect(o.uid == 1000 && o.gid == 100 && o.umask == 0o027)
+        #expect(o.passwdFile == "/etc/pw")
+        #expect(o.attributeTimeout == 2.5)
+        #expect(o.kernelFlags == ["noatime"])
+    }
+
+    @Test func flagsBeforePositionalsAndJoinedO() throws {
+        let o = try options(["-d", "-oro,dir_timeout=0", "http://h/c/sub/dir/", "/m"])
+        #expect(o.debug && o.foreground && o.readOnly)
+        #expect(o.directoryTimeout == 0)
+        #expect(o.endpoint.prefix == "sub/dir/")
+        #expect(o.endpoint.url == "http://h/c/sub/dir")
+    }
+
+    @Test func helpAndVersion() throws {
+        #expect(try Arguments.parse(["--help"]) == .help)
+        #expect(try Arguments.parse(["http://h/c", "-V"]) == .version)
+    }
+
+    @Test(arguments: [
+        (["http://h/c"], "usage"),
+        (["http://h/c", "/m", "/x"], "too many arguments"),
+        (["http://h/c", "/m", "-o", "bogus"], "unknown option 'bogus'"),
+        (["http://h/c", "/m", "-o", "uid=-1"], "option 'uid'"),
+        (["http://h/c", "/m", "-o", "umask=999"], "octal"),
+        (["http://h/c", "/m", "-o", "attr_timeout=abc"], "seconds"),
+        (["http://h/c", "/m", "-o", "passwd_file"], "needs a value"),
+        (["http://h/c", "/m", "-x"], "unknown flag"),
+        (["ftp://h/c", "/m"], "invalid URL"),
+        (["http://h", "/m"], "names no container"),
+        (["http://h:99999/c", "/m"], "invalid port"),
+        (["http://user@h/c", "/m"], "invalid URL"),
+    ])
+    func badInputSaysWhatIsWrong(arguments: [String], fragment: String) {
+        do {
+            _ = try Arguments.parse(arguments)
+            Issue.record("accepted \(arguments)")
+        } catch {
+            #expect(error.message.contains(fragment), "\(error.message)")
+            #expect(!error.message.contains("\n"))
+        }
+    }
+}
+
+struct CredentialTests {
+    let endpoint = try! Endpoint(parsing: "http://127.0.0.1:8480/photos")
+
+    func files(_ table: [String: (String, UInt32)]) -> CredentialLoader.FileAccess {
+        CredentialLoader.FileAccess { path in table[path].map { .success((contents: $0.0, mode: $0.1)) } }
+    }
+
+    @Test func endpointLineWinsOverDefault() throws {
+        let text = """
+            # comment
+            DEFAULTKEY:defaultsecret
+            http://other:1/photos:OTHER:othersecret
+            http://127.0.0.1:8480/photos/:MINE:my/secret+=
+            """
+        let c = try CredentialLoader.parse(text, path: "/p", endpoint: endpoint)
+        #expect(c.accessKey == "MINE" && c.secret == "my/secret+=")
+        let fallback = try CredentialLoader.parse("K:S\n", path: "/p", endpoint: endpoint)
+        #expect(fallback.accessKey == "K" && fallback.secret == "S")
+        #expect(!fallback.description.contains("S\n"))
+        #expect(!String(describing: fallback).contains(":S"))
+    }
+
+    @Test func malformedLinesAreReportedWithTheirNumber() {
+        #expect(throws: ConfigurationError("/p line 2 is not ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET")) {
+            try CredentialLoader.parse("K:S\nnonsense\n", path: "/p", endpoint: endpoint)
+        }
+        #expect(throws: ConfigurationError.self) {
+            try CredentialLoader.parse("http://other/c:K:S\n", path: "/p", endpoint: endpoint)
+        }
+    }
+
+    @Test func searchOrderAndPermissions() throws {
+        let table = files([
+            "/opt": ("OPT:s", 0o100600), "/env": ("ENV:s", 0o100600), "/home/u/.passwd-cssp": ("HOME:s", 0o100600),
+            "/etc/passwd-cssp": ("ETC:s", 0o100600), "/loose": ("L:s", 0o100644),
+        ])
+        let env = ["CSSP_PASSWD_FILE": "/env", "HOME": "/home/u", "CSSP_ACCESS_KEY_ID": "VAR", "CSSP_SECRET_ACCESS_KEY": "s"]
+        func key(_ option: String?, _ env: [String: String], _ access: CredentialLoader.FileAccess) throws(ConfigurationError) -> String {
+            try CredentialLoader.load(endpoint: endpoint, passwdFileOption: option, environment: env, fileAccess: access)
+                .accessKey
+        }
+        #expect(try key("/opt", env, table) == "OPT")
+        #expect(try key(nil, env, table) == "ENV")
+        #expect(try key(nil, ["HOME": "/home/u"], table) == "HOME")
+        #expect(try key(nil, [:], table) == "ETC")
+        #expect(try key(nil, env.filter { $0.key.hasPrefix("CSSP_A") || $0.key.hasPrefix("CSSP_S") }, files([:])) == "VAR")
+        do {
+            _ = try key("/loose", [:], table)
+            Issue.record("a group/other-readable passwd file was accepted")
+        } catch {
+            #expect(error.message.contains("chmod 600 /loose"))
+        }
+        #expect(throws: ConfigurationError("passwd file /missing does not exist")) {
+            try key("/missing", [:], table)
+        }
+        do {
+            _ = try key(nil, [:], files([:]))
+            Issue.record("no credentials accepted")
+        } catch {
+            #expect(error.message.hasPrefix("no credentials"))
+        }
+    }
+}
