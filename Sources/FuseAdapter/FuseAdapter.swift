@@ -42,15 +42,16 @@ public final class FuseAdapter: Sendable {
         Unmanaged<FuseAdapter>.fromOpaque(fuse_req_userdata(request)!).takeUnretainedValue()
     }
 
-    /// Runs `body`, turning any FSError into an errno reply and logging what is unexpected.
-    func serve(_ operation: String, _ detail: @autoclosure () -> String, _ reply: consuming Reply,
-        _ body: (consuming Reply) throws(FSError) -> Void)
-    {
+    /// Runs `body`, which answers by taking the reply out of its argument. If it throws before
+    /// answering, the error is answered here with its errno (and logged when unexpected).
+    func serve(
+        _ operation: String, _ detail: @autoclosure () -> String, _ reply: consuming Reply,
+        _ body: (inout Reply?) throws(FSError) -> Void
+    ) {
         if configuration.traceOperations { logger.debug("\(operation) \(detail())") }
-        // `body` consumes the reply on success; on error we need it back, so hand it over via a box.
-        var box: Reply? = consume reply
+        var pending: Reply? = consume reply
         do throws(FSError) {
-            try body(box.take()!)
+            try body(&pending)
         } catch {
             let errno = Errno.forFilesystemError(error.code)
             switch error.code {
@@ -60,60 +61,61 @@ public final class FuseAdapter: Sendable {
             case .permissionDenied, .stale, .ioError:
                 logger.error("\(operation) failed: \(error.message)")
             }
-            if let r = box.take() { r.error(errno) }
+            pending.take()?.error(errno)
         }
+        // A body that returned without answering leaves the token to answer EIO from its deinit.
     }
 
     // MARK: Operations
 
     func lookup(_ reply: consuming Reply, parent: InodeNumber, name: String) {
         let negative = configuration.negativeTimeout
-        serve("lookup", "\(parent)/\(name)", reply) { (r: consuming Reply) throws(FSError) in
+        serve("lookup", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
             do throws(FSError) {
                 let attributes = try filesystem.lookup(parent: parent, name: name)
-                r.entry(attributes, entryTimeout: configuration.entryTimeout, attributeTimeout: configuration.attributeTimeout)
+                r.take()!.entry(
+                    attributes, entryTimeout: configuration.entryTimeout,
+                    attributeTimeout: configuration.attributeTimeout)
             } catch where error.code == .notFound && negative > 0 {
-                r.negativeEntry(timeout: negative)
+                r.take()!.negativeEntry(timeout: negative)
             }
         }
     }
 
     func getattr(_ reply: consuming Reply, inode: InodeNumber) {
-        serve("getattr", "\(inode)", reply) { (r: consuming Reply) throws(FSError) in
-            r.attributes(try filesystem.getattr(inode), timeout: configuration.attributeTimeout)
+        serve("getattr", "\(inode)", reply) { (r: inout Reply?) throws(FSError) in
+            let attributes = try filesystem.getattr(inode)
+            r.take()!.attributes(attributes, timeout: configuration.attributeTimeout)
         }
     }
 
     func open(_ reply: consuming Reply, inode: InodeNumber, info: UnsafeMutablePointer<fuse_file_info>) {
         let flags = info.pointee.flags
         let writable = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0
-        serve("open", "\(inode) flags=\(flags)", reply) { (r: consuming Reply) throws(FSError) in
+        serve("open", "\(inode) flags=\(flags)", reply) { (r: inout Reply?) throws(FSError) in
             let result = try filesystem.open(inode, writable: writable)
-            r.open(handle: result.handle, keepCache: result.keepCache, info: info)
+            r.take()!.open(handle: result.handle, keepCache: result.keepCache, info: info)
         }
     }
 
     func read(_ reply: consuming Reply, handle: UInt64, offset: Int64, size: Int) {
-        serve("read", "fh=\(handle) off=\(offset) size=\(size)", reply) { (r: consuming Reply) throws(FSError) in
-            var pending: Reply? = consume r
+        serve("read", "fh=\(handle) off=\(offset) size=\(size)", reply) { (r: inout Reply?) throws(FSError) in
             try filesystem.read(handle: handle, offset: offset, length: size) { bytes in
-                pending.take()?.buffer(bytes)
+                r.take()?.buffer(bytes)
             }
-            // `read` calls its closure exactly once on success; if not, the token answers EIO.
-            _ = pending.take()
         }
     }
 
     func opendir(_ reply: consuming Reply, inode: InodeNumber, info: UnsafeMutablePointer<fuse_file_info>) {
-        serve("opendir", "\(inode)", reply) { (r: consuming Reply) throws(FSError) in
+        serve("opendir", "\(inode)", reply) { (r: inout Reply?) throws(FSError) in
             let handle = try filesystem.opendir(inode)
-            r.open(handle: handle, keepCache: false, info: info)
+            r.take()!.open(handle: handle, keepCache: false, info: info)
         }
     }
 
     func readdir(_ reply: consuming Reply, inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) {
-        serve("readdir", "\(inode) off=\(offset)", reply) { (r: consuming Reply) throws(FSError) in
-            let request = r.request
+        serve("readdir", "\(inode) off=\(offset)", reply) { (r: inout Reply?) throws(FSError) in
+            guard let request = r?.request else { return }
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
             defer { buffer.deallocate() }
             var used = 0
@@ -133,7 +135,7 @@ public final class FuseAdapter: Sendable {
                 if used == 0 { throw error }
                 logger.error("readdir of inode \(inode) stopped early: \(error.message)")
             }
-            r.buffer(UnsafeRawBufferPointer(rebasing: buffer[0..<used]))
+            r.take()!.buffer(UnsafeRawBufferPointer(rebasing: buffer[0..<used]))
         }
     }
 

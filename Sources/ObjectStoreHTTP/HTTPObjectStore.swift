@@ -131,6 +131,14 @@ public final class HTTPObjectStore: ObjectStore {
         _ = try send(Request(method: "DELETE", key: key))
     }
 
+    /// Creates the container (idempotent). Not part of `ObjectStore`: the mount never creates
+    /// containers; tests and the demo do, on the local server.
+    public func createContainer() throws(ObjectStoreError) {
+        var request = Request(method: "PUT", key: nil)
+        request.body = .bytes([])
+        _ = try send(request)
+    }
+
     // MARK: Requests
 
     struct Request {

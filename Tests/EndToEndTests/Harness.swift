@@ -1,0 +1,139 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import Logging
+import MountCSSPConfig
+import ObjectStore
+import ObjectStoreHTTP
+import Testing
+
+/// What the README's test command (scripts/test) provides: a running local CSSP server and the
+/// built mount.cssp. Missing pieces fail the tests with a message, never skip them.
+struct Environment {
+    let serverURL: String
+    let passwdFile: String
+    let accessKey: String
+    let secret: String
+    let binary: String
+
+    static func load() throws -> Environment {
+        let env = ProcessInfo.processInfo.environment
+        guard let url = env["CSSP_SERVER_URL"], let passwd = env["CSSP_PASSWD_FILE"],
+            let key = env["CSSP_TEST_ACCESS_KEY"], let secret = env["CSSP_TEST_SECRET_KEY"]
+        else {
+            throw HarnessError("end-to-end tests need the local CSSP server: run them through scripts/test")
+        }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let binary = env["CSSP_MOUNT_BINARY"] ?? root.appendingPathComponent(".build/debug/mount.cssp").path
+        guard FileManager.default.isExecutableFile(atPath: binary) else {
+            throw HarnessError("no mount.cssp binary at \(binary): build it first (scripts/test does)")
+        }
+        return Environment(serverURL: url, passwdFile: passwd, accessKey: key, secret: secret, binary: binary)
+    }
+
+    func store(container: String) -> HTTPObjectStore {
+        Curl.globalInit()
+        var configuration = HTTPStoreConfiguration(
+            baseURL: serverURL, container: container, signer: RequestSigner(accessKey: accessKey, secret: secret))
+        configuration.maxAttempts = 5
+        return HTTPObjectStore(configuration: configuration, logger: Logger(label: "e2e"))
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The result of a command.
+struct Output {
+    var status: Int32
+    var stdout: String
+    var stderr: String
+}
+
+/// Single-quotes a path for bash.
+func quoted(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+
+func isMounted(_ directory: String) -> Bool {
+    let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+    let escaped = directory.replacingOccurrences(of: " ", with: "\\040")
+    return mounts.split(separator: "\n").contains { $0.split(separator: " ").dropFirst().first == Substring(escaped) }
+}
+
+/// A foreground mount.cssp serving one mountpoint, as libfuse's test harness does it: start,
+/// poll until the mount appears (failing at once if the daemon exits), unmount, expect exit 0.
+final class Mount {
+    let directory: String
+    let child: Child
+    private let stderrPath: String
+    private var exitStatus: Int32? = nil
+
+    init(_ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:]) throws {
+        let id = UUID().uuidString.prefix(8)
+        directory = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id
+        stderrPath = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id + ".stderr"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let errorFD = open(stderrPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let nullFD = open("/dev/null", O_WRONLY | O_CLOEXEC)
+        defer {
+            close(errorFD)
+            close(nullFD)
+        }
+        let argv = [
+            environment.binary, environment.serverURL + "/" + container, directory, "-f", "-o",
+            (["passwd_file=" + environment.passwdFile] + options).joined(separator: ","),
+        ]
+        child = try Child.spawn(
+            argv, environment: ProcessInfo.processInfo.environment.merging(extraEnvironment) { $1 }, stdout: nullFD,
+            stderr: errorFD)
+        // Poll for the mount; the daemon exiting first is a failure, reported with its stderr.
+        let deadline = Date().addingTimeInterval(20)
+        while !isMounted(directory) {
+            if let status = child.poll() {
+                exitStatus = status
+                throw HarnessError("mount.cssp exited with \(status): \(stderrText)")
+            }
+            if Date() > deadline { throw HarnessError("mount did not appear within 20 s: \(stderrText)") }
+            usleep(10_000)
+        }
+    }
+
+    var stderrText: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+
+    func path(_ relative: String) -> String { directory + "/" + relative }
+
+    /// Waits for the daemon to exit and returns its status.
+    func waitForExit() -> Int32 {
+        if let exitStatus { return exitStatus }
+        let status = child.wait()
+        exitStatus = status
+        return status
+    }
+
+    /// Unmounts (fusermount3 -u by default) and returns the daemon's exit status.
+    @discardableResult
+    func unmount(using command: String = "fusermount3 -u") throws -> Int32 {
+        let result = try shell("\(command) \(quoted(directory))")
+        guard result.status == 0 else { throw HarnessError("\(command) failed: \(result.stderr)") }
+        return waitForExit()
+    }
+
+    deinit {
+        if exitStatus == nil {
+            if isMounted(directory) { _ = try? shell("fusermount3 -u \(quoted(directory))") }
+            _ = waitForExit()
+        }
+        try? FileManager.default.removeItem(atPath: directory)
+        try? FileManager.default.removeItem(atPath: stderrPath)
+    }
+}
+
+func md5(_ path: String) throws -> String {
+    let result = try shell("md5sum \(quoted(path))")
+    guard result.status == 0 else { throw HarnessError("md5sum \(path): \(result.stderr)") }
+    return String(result.stdout.prefix(32))
+}
