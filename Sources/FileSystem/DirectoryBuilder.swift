@@ -90,13 +90,14 @@ struct DirectoryBuilder {
     }
 
     static func file(_ name: String, _ summary: ObjectSummary) -> DirectoryEntry {
-        DirectoryEntry(
-            name: name, kind: .file, key: summary.key, size: summary.size, etag: summary.etag,
-            modified: summary.lastModified, contentType: summary.contentType)
+        let base = StoredAttributes.parse(contentType: summary.contentType).base
+        return DirectoryEntry(
+            name: name, kind: base == StoredAttributes.symlinkContentType ? .symlink : .file, key: summary.key, size: summary.size, etag: summary.etag,
+            lastModified: Timestamp(summary.lastModified), contentType: summary.contentType)
     }
 
     static func directory(_ name: String, key: String) -> DirectoryEntry {
-        DirectoryEntry(name: name, kind: .directory, key: key, size: 0, etag: "", modified: 0, contentType: "")
+        DirectoryEntry(name: name, kind: .directory, key: key, size: 0, etag: "", lastModified: .zero, contentType: "")
     }
 
     /// The path component of a listing name below `prefix`, or nil when it cannot be one.

@@ -6,6 +6,8 @@ final class DirectoryReader: Sendable {
     let prefix: String
     private let store: any ObjectStore
     private let pageSize: Int
+    /// A name never shown (the multipart parts prefix at the container root).
+    private let hidden: String?
 
     private struct State {
         var builder: DirectoryBuilder
@@ -18,9 +20,10 @@ final class DirectoryReader: Sendable {
     /// outside the lock never races with another fetch of the same reader.
     private let state: Mutex<State>
 
-    init(store: any ObjectStore, prefix: String, pageSize: Int) {
+    init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?) {
         self.store = store
         self.pageSize = pageSize
+        self.hidden = hidden
         self.prefix = prefix
         self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix)))
     }
@@ -40,7 +43,7 @@ final class DirectoryReader: Sendable {
             }
             var next = builder
             let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
-            var resolved = ready
+            var resolved = ready.filter { $0.name != hidden }
             for collision in collisions {
                 let resolution = try filesystem.resolve(collision, prefix: prefix)
                 resolved += DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix)

@@ -15,6 +15,9 @@ public struct FSError: Error, Sendable, CustomStringConvertible {
         case notSupported
         case invalidArgument
         case nameTooLong
+        case notPermitted
+        case noSpace
+        case exists
         case ioError
     }
 

@@ -6,8 +6,9 @@ import Synchronization
 import Glibc
 #endif
 
-/// The filesystem semantics of a container: inodes, directories from listings, reads.
-/// It knows nothing of FUSE; every method is synchronous, thread-safe and may block on the network.
+/// The filesystem semantics of a container: inodes, directories from listings, reads, writes
+/// through spool files, and the namespace operations. It knows nothing of FUSE; every method is
+/// synchronous, thread-safe and may block on the network.
 ///
 /// Subtleties:
 /// 1. Inodes are numbered per (parent, name) while the kernel holds a lookup on them; numbers are
@@ -15,41 +16,61 @@ import Glibc
 ///    gets a new inode; the old one lives until the kernel forgets it.
 /// 2. A complete directory listing is remembered for `directoryCacheSeconds` and answers lookups
 ///    in that directory, which is what makes `ls -l` cost one listing instead of a HEAD per entry.
-///    Only zero-byte files need a HEAD, because a DLO manifest lists as 0 bytes.
+///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
+///    `dir/` marker) are HEADed. Our own changes update the remembered listing in place.
 /// 3. Outside a remembered listing, a lookup asks the server twice: HEAD `key` and a one-entry
 ///    listing of `key/`, then applies the same collision rule as readdir (DirectoryBuilder).
-/// 4. Lock order: `state`, then a `FileReader`'s or `DirectoryReader`'s own lock. No lock is
-///    held during network I/O.
+/// 4. The prefix `.cssp-parts/` at the container root holds multipart parts; it is never shown.
+/// 5. Lock order: `state`, then an `OpenFile`'s or reader's own lock. No lock is held during
+///    network I/O, except `OpenFile.uploadLock`, whose only job is to serialise one file's uploads.
 public final class Filesystem: Sendable {
     public static let rootInode: InodeNumber = 1
     /// The inode number readdir reports for names the kernel has not looked up yet.
     public static let unknownInode: InodeNumber = 0xFFFF_FFFF
+    /// Where multipart parts live, relative to the container (see `Uploader`).
+    public static let partsPrefix = ".cssp-parts/"
 
     let store: any ObjectStore
     public let configuration: FilesystemConfiguration
     let logger: Logger
+    let spool: Spool
 
     struct Node {
         var inode: InodeNumber
         var parent: InodeNumber
         var name: String
         var kind: NodeKind
-        /// The object key of a file; the key prefix ("…/" or "") of a directory.
+        /// The object key of a file or symlink; the key prefix ("…/" or "") of a directory.
         var key: String
         var size: Int64
         var etag: String
-        var modified: Double
-        var isManifest: Bool
-        /// When size/etag were last confirmed (monotonic seconds); 0 = only from a listing of a 0-byte object.
-        var confirmedAt: Double
-        var lookups: UInt64
+        /// The server's time of the last change.
+        var lastModified: Timestamp
+        var stored = StoredAttributes()
+        /// The content type without csspfs's parameters.
+        var baseContentType = ""
+        /// `container/prefix` of a DLO manifest.
+        var manifest: String? = nil
+        /// When size/etag were last confirmed by the server (monotonic seconds); 0 = never.
+        var confirmedAt: Double = 0
+        var lookups: UInt64 = 0
         /// The ETag of the content the kernel's page cache may hold for this inode.
-        var cachedEtag: String?
+        var cachedEtag: String? = nil
+        var symlinkTarget: String? = nil
+        /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
+        var extraMetadata: [String: String] = [:]
     }
 
     struct Listing {
         var entries: [String: DirectoryEntry]
         var completedAt: Double
+    }
+
+    enum Handle {
+        /// A read-only handle on an object that nobody is writing through this mount.
+        case remote(FileReader)
+        /// A handle on the spool of a file open for writing (or not yet stored).
+        case spool(OpenFile, writable: Bool)
     }
 
     struct State {
@@ -58,7 +79,9 @@ public final class Filesystem: Sendable {
         var nextInode: InodeNumber = 2
         var listings: [InodeNumber: Listing] = [:]
         var directoryHandles: [UInt64: DirectoryReader] = [:]
-        var fileHandles: [UInt64: FileReader] = [:]
+        var fileHandles: [UInt64: Handle] = [:]
+        /// Spools by inode: files open for writing, and closed files whose upload is pending.
+        var openFiles: [InodeNumber: OpenFile] = [:]
         var nextHandle: UInt64 = 1
         var statistics: (value: FilesystemStatistics, at: Double)?
     }
@@ -66,14 +89,17 @@ public final class Filesystem: Sendable {
     /// Protects every table above.
     let state: Mutex<State>
 
-    public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) {
+    public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
         self.store = store
         self.configuration = configuration
         self.logger = logger
+        self.spool = try Spool(directory: configuration.spoolDirectory)
         var initial = State()
-        initial.nodes[Self.rootInode] = Node(
+        var root = Node(
             inode: Self.rootInode, parent: Self.rootInode, name: "", kind: .directory, key: configuration.rootPrefix,
-            size: 0, etag: "", modified: configuration.directoryTime, isManifest: false, confirmedAt: 0, lookups: 1)
+            size: 0, etag: "", lastModified: configuration.directoryTime)
+        root.lookups = 1
+        initial.nodes[Self.rootInode] = root
         state = Mutex(initial)
     }
 
@@ -86,14 +112,27 @@ public final class Filesystem: Sendable {
     // MARK: Attributes
 
     func attributes(of node: Node) -> Attributes {
-        let full: UInt16 = node.kind == .directory ? 0o777 : 0o666
+        let defaultMode: UInt16
+        switch node.kind {
+        case .directory: defaultMode = 0o777 & ~configuration.umask
+        case .file: defaultMode = 0o666 & ~configuration.umask
+        case .symlink: defaultMode = 0o777
+        }
+        let size: Int64
+        switch node.kind {
+        case .directory: size = 0
+        case .file: size = node.size
+        case .symlink: size = Int64(node.symlinkTarget?.utf8.count ?? Int(node.size))
+        }
+        let fallbackTime = node.kind == .directory ? configuration.directoryTime : node.lastModified
         return Attributes(
-            inode: node.inode, kind: node.kind, size: node.kind == .directory ? 0 : node.size,
-            modified: node.modified, permissions: full & ~configuration.umask, uid: configuration.uid,
-            gid: configuration.gid)
+            inode: node.inode, kind: node.kind, size: size, modified: node.stored.mtime ?? fallbackTime,
+            permissions: node.kind == .symlink ? 0o777 : (node.stored.mode ?? defaultMode),
+            uid: configuration.forcedUID ?? node.stored.uid ?? configuration.uid,
+            gid: configuration.forcedGID ?? node.stored.gid ?? configuration.gid)
     }
 
-    private func node(_ inode: InodeNumber) throws(FSError) -> Node {
+    func node(_ inode: InodeNumber) throws(FSError) -> Node {
         guard let node = state.withLock({ $0.nodes[inode] }) else {
             throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)")
         }
@@ -102,14 +141,19 @@ public final class Filesystem: Sendable {
 
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
         var node = try node(inode)
-        if node.kind == .file && Self.now() - node.confirmedAt > configuration.attributeCacheSeconds {
+        let open = state.withLock { $0.openFiles[inode] }
+        if let open {
+            node.size = open.size
+            return attributes(of: node)
+        }
+        if node.kind != .directory && Self.now() - node.confirmedAt > configuration.attributeCacheSeconds {
             node = try refresh(node)
         }
         return attributes(of: node)
     }
 
     /// HEADs a file's object and stores what it says.
-    private func refresh(_ node: Node) throws(FSError) -> Node {
+    func refresh(_ node: Node) throws(FSError) -> Node {
         let info: ObjectInfo
         do {
             info = try store.head(key: node.key)
@@ -124,13 +168,21 @@ public final class Filesystem: Sendable {
         }
     }
 
-    private func apply(_ info: ObjectInfo, to node: inout Node) {
+    func apply(_ info: ObjectInfo, to node: inout Node) {
         node.size = info.size
         node.etag = info.etag
-        node.modified = info.metadata["mtime"].flatMap(Double.init) ?? info.lastModified
-        node.isManifest = info.manifest != nil
+        node.lastModified = Timestamp(info.lastModified)
+        node.stored = StoredAttributes.of(info)
+        node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
+        node.manifest = info.manifest
+        node.extraMetadata = info.metadata.filter { !Self.ownMetadataNames.contains($0.key) }
+        if node.kind == .symlink, let target = info.metadata[StoredAttributes.symlinkTargetHeader] {
+            node.symlinkTarget = target
+        }
         node.confirmedAt = Self.now()
     }
+
+    static let ownMetadataNames: Set<String> = ["mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader]
 
     // MARK: Lookup
 
@@ -141,6 +193,19 @@ public final class Filesystem: Sendable {
         guard DirectoryBuilder.isValidName(name) else {
             throw FSError(name.utf8.count > 255 ? .nameTooLong : .notFound, "no such name '\(name)'")
         }
+        if isHidden(name, in: directory) { throw FSError(.notFound, "'\(name)' is reserved for multipart parts") }
+        // A file created here and not yet stored exists only in our tables.
+        let local: Attributes? = state.withLock { s in
+            guard let inode = s.children[parent]?[name], s.openFiles[inode] != nil, var node = s.nodes[inode] else {
+                return nil
+            }
+            node.lookups += 1
+            node.size = s.openFiles[inode]!.size
+            s.nodes[inode] = node
+            return attributes(of: node)
+        }
+        if let local { return local }
+
         let listed: DirectoryEntry?? = state.withLock { s in
             guard let listing = s.listings[parent],
                 Self.now() - listing.completedAt <= configuration.directoryCacheSeconds
@@ -153,28 +218,34 @@ public final class Filesystem: Sendable {
         case .some(.none): throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
         case .none: entry = try resolve(name: name, prefix: directory.key)
         }
-        // Zero-byte files may be DLO manifests whose size only a HEAD tells.
+        // Zero-byte files may be DLO manifests; directories keep their attributes on a marker.
         var info: ObjectInfo? = nil
-        if entry.kind == .file && entry.size == 0 {
+        var markerChecked = false
+        let needsHead = (entry.kind == .file && entry.size == 0) || entry.kind == .directory
+        if needsHead {
             let known = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0] } }
-            if let known, known.kind == .file, Self.now() - known.confirmedAt <= configuration.attributeCacheSeconds {
-                entry.size = known.size
+            if let known, known.kind == entry.kind, Self.now() - known.confirmedAt <= configuration.attributeCacheSeconds {
+                if entry.kind == .file { entry.size = known.size }
             } else {
                 do {
                     info = try store.head(key: entry.key)
+                } catch where error.code == .notFound && entry.kind == .directory {
+                    markerChecked = true
                 } catch {
                     throw FSError(storeError: error, operation: "lookup", path: entry.key)
                 }
+                if info != nil { markerChecked = true }
             }
         }
         return state.withLock { s in
-            let attributes = self.link(entry, parent: parent, info: info, in: &s)
-            return attributes
+            self.link(entry, parent: parent, info: info, markerChecked: markerChecked, in: &s)
         }
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
-    private func link(_ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, in s: inout State) -> Attributes {
+    private func link(
+        _ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, markerChecked: Bool, in s: inout State
+    ) -> Attributes {
         var node: Node
         if let existing = s.children[parent]?[entry.name], let old = s.nodes[existing], old.kind == entry.kind {
             node = old
@@ -182,29 +253,45 @@ public final class Filesystem: Sendable {
         } else {
             node = Node(
                 inode: s.nextInode, parent: parent, name: entry.name, kind: entry.kind, key: entry.key, size: 0,
-                etag: "", modified: 0, isManifest: false, confirmedAt: 0, lookups: 1)
+                etag: "", lastModified: .zero)
+            node.lookups = 1
             s.nextInode += 1
             s.children[parent, default: [:]][entry.name] = node.inode
         }
         node.key = entry.key
-        if entry.kind == .file {
+        switch entry.kind {
+        case .file, .symlink:
             if let info {
                 apply(info, to: &node)
-            } else if entry.size > 0 || node.etag != entry.etag {
+            } else if entry.size > 0 || node.etag != entry.etag || node.confirmedAt == 0 {
+                let parsed = StoredAttributes.parse(contentType: entry.contentType)
                 node.size = entry.size
                 node.etag = entry.etag
-                node.modified = entry.modified
+                node.lastModified = entry.lastModified
+                node.stored = parsed.attributes
+                node.baseContentType = parsed.base
                 node.confirmedAt = Self.now()
             }
-        } else {
-            node.modified = configuration.directoryTime
+        case .directory:
+            if let info {
+                node.stored = StoredAttributes.of(info)
+                node.confirmedAt = Self.now()
+            } else if markerChecked {
+                node.stored = StoredAttributes()
+                node.confirmedAt = Self.now()
+            }
         }
         s.nodes[node.inode] = node
         return attributes(of: node)
     }
 
+    /// Whether `name` in `directory` is the reserved parts prefix (only at the container root).
+    func isHidden(_ name: String, in directory: Node) -> Bool {
+        directory.kind == .directory && directory.key.isEmpty && name + "/" == Self.partsPrefix
+    }
+
     /// Finds `name` below `prefix` on the server: HEAD of the object, a peek below `name/`.
-    private func resolve(name: String, prefix: String) throws(FSError) -> DirectoryEntry {
+    func resolve(name: String, prefix: String) throws(FSError) -> DirectoryEntry {
         let key = prefix + name
         var file: ObjectInfo? = nil
         var children: [ListEntry] = []
@@ -254,9 +341,10 @@ public final class Filesystem: Sendable {
     }
 
     static func entry(name: String, info: ObjectInfo) -> DirectoryEntry {
-        DirectoryEntry(
-            name: name, kind: .file, key: info.key, size: info.size, etag: info.etag,
-            modified: info.metadata["mtime"].flatMap(Double.init) ?? info.lastModified, contentType: info.contentType)
+        let base = StoredAttributes.parse(contentType: info.contentType).base
+        return DirectoryEntry(
+            name: name, kind: base == StoredAttributes.symlinkContentType ? .symlink : .file, key: info.key,
+            size: info.size, etag: info.etag, lastModified: Timestamp(info.lastModified), contentType: info.contentType)
     }
 
     /// The kernel dropped `count` lookups of `inode`.
@@ -266,7 +354,8 @@ public final class Filesystem: Sendable {
             guard var node = s.nodes[inode] else { return }
             precondition(node.lookups >= count, "INTERNAL ERROR: forget \(count) of inode \(inode) with \(node.lookups)")
             node.lookups -= count
-            if node.lookups > 0 {
+            // A node with a spool (open or pending upload) stays: its data is not stored yet.
+            if node.lookups > 0 || s.openFiles[inode] != nil {
                 s.nodes[inode] = node
                 return
             }
@@ -281,7 +370,9 @@ public final class Filesystem: Sendable {
     public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
-        let reader = DirectoryReader(store: store, prefix: directory.key, pageSize: configuration.listPageSize)
+        let reader = DirectoryReader(
+            store: store, prefix: directory.key, pageSize: configuration.listPageSize,
+            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil)
         return state.withLock { s in
             let handle = s.nextHandle
             s.nextHandle += 1
@@ -305,7 +396,7 @@ public final class Filesystem: Sendable {
         while true {
             let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
             if batch.isEmpty {
-                if complete { remember(reader, for: inode) }
+                if complete { try finishListing(reader, for: inode, from: index, emit: emit) }
                 return
             }
             for entry in batch {
@@ -316,13 +407,24 @@ public final class Filesystem: Sendable {
         }
     }
 
-    private func remember(_ reader: DirectoryReader, for inode: InodeNumber) {
+    /// After the listing: remember it, then emit files created here that the server does not list
+    /// yet (open, or waiting for their upload).
+    private func finishListing(
+        _ reader: DirectoryReader, for inode: InodeNumber, from index: Int,
+        emit: (String, NodeKind, InodeNumber, Int64) -> Bool
+    ) throws(FSError) {
         guard let entries = reader.completeEntries() else { return }
-        state.withLock { s in
+        let pending: [(String, InodeNumber)] = state.withLock { s in
             var table: [String: DirectoryEntry] = [:]
             table.reserveCapacity(entries.count)
             for entry in entries { table[entry.name] = entry }
             s.listings[inode] = Listing(entries: table, completedAt: Self.now())
+            return (s.children[inode] ?? [:]).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
+                .sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+        }
+        let start = index - entries.count
+        for (i, (name, child)) in pending.enumerated() where i >= start {
+            if !emit(name, .file, child, Int64(entries.count + i + 1) + 2) { return }
         }
     }
 
@@ -331,7 +433,9 @@ public final class Filesystem: Sendable {
     }
 
     /// Resolves a readdir collision (see DirectoryBuilder).
-    func resolve(_ collision: DirectoryBuilder.Collision, prefix: String) throws(FSError) -> DirectoryBuilder.Collision.Resolution {
+    func resolve(_ collision: DirectoryBuilder.Collision, prefix: String) throws(FSError)
+        -> DirectoryBuilder.Collision.Resolution
+    {
         guard collision.file.size == 0 else { return .directoryWins }
         do {
             let info = try store.head(key: collision.file.key)
@@ -346,44 +450,10 @@ public final class Filesystem: Sendable {
         }
     }
 
-    // MARK: Files
-
-    public struct OpenResult: Sendable {
-        public var handle: UInt64
-        /// The page cache holds this object's current content: the kernel may keep it.
-        public var keepCache: Bool
-    }
-
-    public func open(_ inode: InodeNumber, writable: Bool) throws(FSError) -> OpenResult {
-        var node = try node(inode)
-        guard node.kind == .file else { throw FSError(.isADirectory, "open of a directory") }
-        if writable { throw FSError(.readOnly, "this mount is read-only") }
-        // Close-to-open: a file opened after its writer closed it shows the new content.
-        if Self.now() - node.confirmedAt > configuration.attributeCacheSeconds {
-            node = try refresh(node)
-        }
-        let reader = FileReader(
-            store: store, key: node.key, size: node.size, etag: node.etag, isManifest: node.isManifest,
-            chunkSize: configuration.readChunkSize, readAheadChunks: configuration.readAheadChunks)
-        return state.withLock { s in
-            let handle = s.nextHandle
-            s.nextHandle += 1
-            s.fileHandles[handle] = reader
-            let keep = s.nodes[inode]?.cachedEtag == node.etag
-            s.nodes[inode]?.cachedEtag = node.etag
-            return OpenResult(handle: handle, keepCache: keep)
-        }
-    }
-
-    public func read(handle: UInt64, offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
-        guard let reader = state.withLock({ $0.fileHandles[handle] }) else {
-            throw FSError(.invalidArgument, "unknown file handle \(handle)")
-        }
-        try reader.read(offset: offset, length: length, reply: reply)
-    }
-
-    public func release(handle: UInt64) {
-        state.withLock { _ = $0.fileHandles.removeValue(forKey: handle) }
+    /// Records a change we made in the remembered listing of `parent` (nil entry = removed).
+    func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout State) {
+        guard s.listings[parent] != nil else { return }
+        s.listings[parent]!.entries[name] = entry
     }
 
     // MARK: Filesystem

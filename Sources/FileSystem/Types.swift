@@ -4,6 +4,7 @@ public typealias InodeNumber = UInt64
 public enum NodeKind: Sendable, Equatable {
     case file
     case directory
+    case symlink
 }
 
 /// What `stat` shows for a node.
@@ -11,8 +12,7 @@ public struct Attributes: Sendable, Equatable {
     public var inode: InodeNumber
     public var kind: NodeKind
     public var size: Int64
-    /// Seconds since the epoch.
-    public var modified: Double
+    public var modified: Timestamp
     /// Permission bits only (no file-type bits).
     public var permissions: UInt16
     public var uid: UInt32
@@ -29,14 +29,45 @@ public struct FilesystemStatistics: Sendable, Equatable {
     public var maximumNameLength: UInt64
 }
 
+/// Who is asking (from the FUSE request), for the owner of new files.
+public struct Caller: Sendable, Equatable {
+    public var uid: UInt32
+    public var gid: UInt32
+    public init(uid: UInt32, gid: UInt32) {
+        self.uid = uid
+        self.gid = gid
+    }
+}
+
+/// Changes requested by `setattr`.
+public struct AttributeChanges: Sendable, Equatable {
+    public var mode: UInt16?
+    public var uid: UInt32?
+    public var gid: UInt32?
+    public var size: Int64?
+    public var modified: Timestamp?
+    public init(mode: UInt16? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: Int64? = nil, modified: Timestamp? = nil) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.size = size
+        self.modified = modified
+    }
+}
+
 /// How the mount behaves. Times are in seconds.
 public struct FilesystemConfiguration: Sendable {
     /// Key prefix that the mount's root shows ("" for the whole container, else ending in "/").
     public var rootPrefix: String = ""
+    /// Owner shown for objects without stored owner (the mounting user).
     public var uid: UInt32 = 0
     public var gid: UInt32 = 0
+    /// When set (`-o uid=`/`gid=`), every node shows this owner, whatever is stored.
+    public var forcedUID: UInt32? = nil
+    public var forcedGID: UInt32? = nil
     /// Bits cleared from the default modes 0777 (directories) and 0666 (files).
     public var umask: UInt16 = 0o022
+    public var readOnly = false
     /// How long a complete directory listing answers lookups in that directory.
     public var directoryCacheSeconds: Double = 5
     /// How long a file's size and ETag are trusted before open/getattr ask the server again.
@@ -48,7 +79,16 @@ public struct FilesystemConfiguration: Sendable {
     /// Entries per listing request (the protocol allows at most 10 000).
     public var listPageSize: Int = 10_000
     /// The time shown for directories, which have none of their own (the mount's start).
-    public var directoryTime: Double = 0
+    public var directoryTime = Timestamp.zero
+    /// Where spool files of open-for-write files live (created if missing).
+    public var spoolDirectory: String = "/tmp/csspfs-spool"
+    /// Files larger than this are uploaded as a multipart (DLO) upload.
+    public var multipartThreshold: Int64 = 64 << 20
+    public var partSize: Int64 = 32 << 20
+    /// Parts uploaded at once.
+    public var uploadConcurrency: Int = 4
+    /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).
+    public var pendingRetrySeconds: Double = 2
 
     public init() {}
 }
@@ -57,10 +97,11 @@ public struct FilesystemConfiguration: Sendable {
 struct DirectoryEntry: Sendable, Equatable {
     var name: String
     var kind: NodeKind
-    /// The object behind a file (usually prefix + name; differs for an aliased shadowed file).
+    /// The object behind a file (usually prefix + name; differs for an aliased shadowed file);
+    /// for a directory its prefix, ending in "/".
     var key: String
     var size: Int64
     var etag: String
-    var modified: Double
+    var lastModified: Timestamp
     var contentType: String
 }

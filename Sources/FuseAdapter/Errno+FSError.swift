@@ -18,6 +18,11 @@ extension Errno {
         case .notSupported: return .notSupported
         case .invalidArgument: return .invalidArgument
         case .nameTooLong: return .fileNameTooLong
+        // Hard links and special files: POSIX's answer for what a filesystem does not support.
+        case .notPermitted: return .notPermitted
+        // The spool (cache directory) is full: reported at write time, never as a lost close.
+        case .noSpace: return .noSpace
+        case .exists: return .fileExists
         case .ioError: return .ioError
         }
     }

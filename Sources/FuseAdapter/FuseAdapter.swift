@@ -56,9 +56,9 @@ public final class FuseAdapter: Sendable {
             let errno = Errno.forFilesystemError(error.code)
             switch error.code {
             case .notFound, .notADirectory, .isADirectory, .readOnly, .notEmpty, .nameTooLong, .invalidArgument,
-                .notSupported:
+                .notSupported, .notPermitted, .exists:
                 if configuration.traceOperations { logger.debug("\(operation) -> \(errno): \(error.message)") }
-            case .permissionDenied, .stale, .ioError:
+            case .permissionDenied, .stale, .ioError, .noSpace:
                 logger.error("\(operation) failed: \(error.message)")
             }
             pending.take()?.error(errno)
@@ -91,9 +91,9 @@ public final class FuseAdapter: Sendable {
 
     func open(_ reply: consuming Reply, inode: InodeNumber, info: UnsafeMutablePointer<fuse_file_info>) {
         let flags = info.pointee.flags
-        let writable = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0
+        let writable = (flags & O_ACCMODE) != O_RDONLY
         serve("open", "\(inode) flags=\(flags)", reply) { (r: inout Reply?) throws(FSError) in
-            let result = try filesystem.open(inode, writable: writable)
+            let result = try filesystem.open(inode, writable: writable, truncate: (flags & O_TRUNC) != 0)
             r.take()!.open(handle: result.handle, keepCache: result.keepCache, info: info)
         }
     }
@@ -139,14 +139,122 @@ public final class FuseAdapter: Sendable {
         }
     }
 
+    var timeouts: (entry: Double, attribute: Double) { (configuration.entryTimeout, configuration.attributeTimeout) }
+
+    static func caller(_ request: fuse_req_t) -> Caller {
+        let context = fuse_req_ctx(request)!.pointee
+        return Caller(uid: context.uid, gid: context.gid)
+    }
+
+    func write(_ reply: consuming Reply, handle: UInt64, offset: Int64, bytes: UnsafeRawBufferPointer) {
+        serve("write", "fh=\(handle) off=\(offset) size=\(bytes.count)", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.write(handle: handle, offset: offset, bytes: bytes)
+            r.take()!.written(bytes.count)
+        }
+    }
+
+    func flush(_ reply: consuming Reply, handle: UInt64, operation: String) {
+        serve(operation, "fh=\(handle)", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.flush(handle: handle)
+            r.take()!.ok()
+        }
+    }
+
+    func create(_ reply: consuming Reply, parent: InodeNumber, name: String, mode: mode_t,
+        info: UnsafeMutablePointer<fuse_file_info>)
+    {
+        let caller = Self.caller(reply.request)
+        serve("create", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+            let (attributes, opened) = try filesystem.create(
+                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
+            r.take()!.create(attributes, handle: opened.handle, timeouts: timeouts, info: info)
+        }
+    }
+
+    func mknod(_ reply: consuming Reply, parent: InodeNumber, name: String, mode: mode_t) {
+        let caller = Self.caller(reply.request)
+        serve("mknod", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+            let attributes = try filesystem.mknod(
+                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode),
+                isRegular: (mode & S_IFMT) == S_IFREG || (mode & S_IFMT) == 0, caller: caller)
+            r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
+        }
+    }
+
+    func mkdir(_ reply: consuming Reply, parent: InodeNumber, name: String, mode: mode_t) {
+        let caller = Self.caller(reply.request)
+        serve("mkdir", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+            let attributes = try filesystem.mkdir(
+                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
+            r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
+        }
+    }
+
+    func symlink(_ reply: consuming Reply, target: String, parent: InodeNumber, name: String) {
+        let caller = Self.caller(reply.request)
+        serve("symlink", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+            let attributes = try filesystem.symlink(parent: parent, name: name, target: target, caller: caller)
+            r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
+        }
+    }
+
+    func readlink(_ reply: consuming Reply, inode: InodeNumber) {
+        serve("readlink", "\(inode)", reply) { (r: inout Reply?) throws(FSError) in
+            r.take()!.readlink(try filesystem.readlink(inode))
+        }
+    }
+
+    func unlink(_ reply: consuming Reply, parent: InodeNumber, name: String) {
+        serve("unlink", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.unlink(parent: parent, name: name)
+            r.take()!.ok()
+        }
+    }
+
+    func rmdir(_ reply: consuming Reply, parent: InodeNumber, name: String) {
+        serve("rmdir", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.rmdir(parent: parent, name: name)
+            r.take()!.ok()
+        }
+    }
+
+    func rename(_ reply: consuming Reply, parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+        flags: UInt32)
+    {
+        serve("rename", "\(parent)/\(name) -> \(newParent)/\(newName)", reply) { (r: inout Reply?) throws(FSError) in
+            // RENAME_EXCHANGE (2) cannot be done on an object store; RENAME_NOREPLACE is 1.
+            if flags & 2 != 0 { throw FSError(.notSupported, "rename exchange is not supported") }
+            try filesystem.rename(
+                parent: parent, name: name, newParent: newParent, newName: newName, noReplace: flags & 1 != 0)
+            r.take()!.ok()
+        }
+    }
+
+    func link(_ reply: consuming Reply) {
+        serve("link", "", reply) { (_: inout Reply?) throws(FSError) in try filesystem.link() }
+    }
+
+    func setattr(_ reply: consuming Reply, inode: InodeNumber, attributes st: stat, toSet: Int32) {
+        serve("setattr", "\(inode) to_set=\(toSet)", reply) { (r: inout Reply?) throws(FSError) in
+            var changes = AttributeChanges()
+            if toSet & FUSE_SET_ATTR_MODE != 0 { changes.mode = UInt16(truncatingIfNeeded: st.st_mode & 0o7777) }
+            if toSet & FUSE_SET_ATTR_UID != 0 { changes.uid = st.st_uid }
+            if toSet & FUSE_SET_ATTR_GID != 0 { changes.gid = st.st_gid }
+            if toSet & FUSE_SET_ATTR_SIZE != 0 { changes.size = Int64(st.st_size) }
+            if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 {
+                changes.modified = Timestamp.now()
+            } else if toSet & FUSE_SET_ATTR_MTIME != 0 {
+                changes.modified = Timestamp(seconds: Int64(st.st_mtim.tv_sec), nanoseconds: Int32(st.st_mtim.tv_nsec))
+            }
+            let attributes = try filesystem.setattr(inode, changes)
+            r.take()!.attributes(attributes, timeout: configuration.attributeTimeout)
+        }
+    }
+
     func statfs(_ reply: consuming Reply) {
         reply.statfs(filesystem.statistics())
     }
 
-    func readOnly(_ reply: consuming Reply, _ operation: String) {
-        if configuration.traceOperations { logger.debug("\(operation) -> EROFS") }
-        reply.error(.readOnlyFileSystem)
-    }
 }
 
 extension Optional where Wrapped: ~Copyable {

@@ -57,9 +57,30 @@ public final class FuseSession {
         mounted = true
     }
 
-    /// Detaches from the terminal: the parent exits 0 once the child is ready.
+    /// Detaches from the terminal. The parent exits 0 only once the mount answers: it stats the
+    /// mountpoint, which the child must serve; if the child dies first, the parent exits 32. So
+    /// `mount -a`, systemd and scripts see a mount that works, or a failure. Call before any
+    /// thread is started (fork copies only the calling thread).
     public func daemonize() {
-        _ = fuse_daemonize(0)
+        let child = fork()
+        if child < 0 { return }  // Cannot fork: keep serving in the foreground.
+        if child > 0 {
+            var st = stat()
+            let answered = stat(mountpoint, &st) == 0
+            var status: Int32 = 0
+            let exited = waitpid(child, &status, WNOHANG) == child
+            if answered && !exited { _exit(0) }
+            let message = "mount.cssp: the daemon stopped before the mount answered; run with -f to see why\n"
+            _ = message.withCString { write(2, $0, strlen($0)) }
+            _exit(32)
+        }
+        _ = setsid()
+        _ = chdir("/")
+        let null = open("/dev/null", O_RDWR)
+        if null >= 0 {
+            for fd: Int32 in 0...2 { _ = dup2(null, fd) }
+            if null > 2 { close(null) }
+        }
     }
 
     /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's status.
@@ -105,24 +126,53 @@ private func makeOperations() -> fuse_lowlevel_ops {
     ops.getattr = { request, inode, _ in
         FuseAdapter.adapter(request).getattr(Reply(request!), inode: inode)
     }
-    ops.setattr = { request, _, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "setattr") }
-    ops.mknod = { request, _, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "mknod") }
-    ops.mkdir = { request, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "mkdir") }
-    ops.unlink = { request, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "unlink") }
-    ops.rmdir = { request, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "rmdir") }
-    ops.symlink = { request, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "symlink") }
-    ops.rename = { request, _, _, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "rename") }
-    ops.link = { request, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "link") }
-    ops.create = { request, _, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "create") }
-    ops.write = { request, _, _, _, _, _ in FuseAdapter.adapter(request).readOnly(Reply(request!), "write") }
+    ops.setattr = { request, inode, attributes, toSet, _ in
+        FuseAdapter.adapter(request).setattr(Reply(request!), inode: inode, attributes: attributes!.pointee, toSet: toSet)
+    }
+    ops.readlink = { request, inode in FuseAdapter.adapter(request).readlink(Reply(request!), inode: inode) }
+    ops.mknod = { request, parent, name, mode, _ in
+        FuseAdapter.adapter(request).mknod(Reply(request!), parent: parent, name: String(cString: name!), mode: mode)
+    }
+    ops.mkdir = { request, parent, name, mode in
+        FuseAdapter.adapter(request).mkdir(Reply(request!), parent: parent, name: String(cString: name!), mode: mode)
+    }
+    ops.unlink = { request, parent, name in
+        FuseAdapter.adapter(request).unlink(Reply(request!), parent: parent, name: String(cString: name!))
+    }
+    ops.rmdir = { request, parent, name in
+        FuseAdapter.adapter(request).rmdir(Reply(request!), parent: parent, name: String(cString: name!))
+    }
+    ops.symlink = { request, target, parent, name in
+        FuseAdapter.adapter(request).symlink(
+            Reply(request!), target: String(cString: target!), parent: parent, name: String(cString: name!))
+    }
+    ops.rename = { request, parent, name, newParent, newName, flags in
+        FuseAdapter.adapter(request).rename(
+            Reply(request!), parent: parent, name: String(cString: name!), newParent: newParent,
+            newName: String(cString: newName!), flags: UInt32(flags))
+    }
+    ops.link = { request, _, _, _ in FuseAdapter.adapter(request).link(Reply(request!)) }
+    ops.create = { request, parent, name, mode, info in
+        FuseAdapter.adapter(request).create(
+            Reply(request!), parent: parent, name: String(cString: name!), mode: mode, info: info!)
+    }
+    ops.write = { request, _, buffer, size, offset, info in
+        FuseAdapter.adapter(request).write(
+            Reply(request!), handle: info!.pointee.fh, offset: Int64(offset),
+            bytes: UnsafeRawBufferPointer(start: buffer, count: size))
+    }
     ops.open = { request, inode, info in
         FuseAdapter.adapter(request).open(Reply(request!), inode: inode, info: info!)
     }
     ops.read = { request, _, size, offset, info in
         FuseAdapter.adapter(request).read(Reply(request!), handle: info!.pointee.fh, offset: Int64(offset), size: size)
     }
-    ops.flush = { request, _, _ in Reply(request!).ok() }
-    ops.fsync = { request, _, _, _ in Reply(request!).ok() }
+    ops.flush = { request, _, info in
+        FuseAdapter.adapter(request).flush(Reply(request!), handle: info!.pointee.fh, operation: "flush")
+    }
+    ops.fsync = { request, _, _, info in
+        FuseAdapter.adapter(request).flush(Reply(request!), handle: info!.pointee.fh, operation: "fsync")
+    }
     ops.release = { request, _, info in
         FuseAdapter.adapter(request).filesystem.release(handle: info!.pointee.fh)
         Reply(request!).ok()

@@ -66,6 +66,29 @@ struct Reply: ~Copyable {
         discard self
     }
 
+    consuming func create(_ attributes: Attributes, handle: UInt64, timeouts: (entry: Double, attribute: Double),
+        info: UnsafeMutablePointer<fuse_file_info>)
+    {
+        var entry = fuse_entry_param()
+        entry.ino = fuse_ino_t(attributes.inode)
+        entry.attr = Reply.stat(attributes)
+        entry.attr_timeout = timeouts.attribute
+        entry.entry_timeout = timeouts.entry
+        info.pointee.fh = handle
+        fuse_reply_create(request, &entry, info)
+        discard self
+    }
+
+    consuming func readlink(_ target: String) {
+        fuse_reply_readlink(request, target)
+        discard self
+    }
+
+    consuming func written(_ count: Int) {
+        fuse_reply_write(request, count)
+        discard self
+    }
+
     consuming func buffer(_ bytes: UnsafeRawBufferPointer) {
         fuse_reply_buf(request, bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
         discard self
@@ -89,7 +112,12 @@ struct Reply: ~Copyable {
     static func stat(_ a: Attributes) -> Glibc.stat {
         var st = Glibc.stat()
         st.st_ino = ino_t(a.inode)
-        let type: mode_t = a.kind == .directory ? S_IFDIR : S_IFREG
+        let type: mode_t
+        switch a.kind {
+        case .directory: type = S_IFDIR
+        case .file: type = S_IFREG
+        case .symlink: type = S_IFLNK
+        }
         st.st_mode = type | mode_t(a.permissions)
         st.st_nlink = a.kind == .directory ? 2 : 1
         st.st_uid = a.uid
@@ -97,8 +125,7 @@ struct Reply: ~Copyable {
         st.st_size = off_t(a.size)
         st.st_blksize = 1 << 20
         st.st_blocks = blkcnt_t((a.size + 511) / 512)
-        let seconds = a.modified.rounded(.down)
-        let time = timespec(tv_sec: Int(seconds), tv_nsec: Int((a.modified - seconds) * 1e9))
+        let time = timespec(tv_sec: Int(a.modified.seconds), tv_nsec: Int(a.modified.nanoseconds))
         st.st_mtim = time
         st.st_ctim = time
         st.st_atim = time

@@ -125,12 +125,25 @@ enum MountCommand {
         fsConfiguration.rootPrefix = options.endpoint.prefix
         fsConfiguration.uid = options.uid ?? getuid()
         fsConfiguration.gid = options.gid ?? getgid()
+        fsConfiguration.forcedUID = options.uid
+        fsConfiguration.forcedGID = options.gid
         fsConfiguration.umask = options.umask
+        fsConfiguration.readOnly = options.readOnly
         fsConfiguration.directoryCacheSeconds = options.directoryTimeout
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
-        fsConfiguration.directoryTime = Double(time(nil))
+        fsConfiguration.directoryTime = Timestamp.now()
         fsConfiguration.readAheadChunks = options.readAheadMiB / (fsConfiguration.readChunkSize >> 20)
-        let filesystem = Filesystem(store: store, configuration: fsConfiguration, logger: logger)
+        fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
+        fsConfiguration.partSize = Int64(options.partSizeMiB) << 20
+        fsConfiguration.uploadConcurrency = options.uploadParallelism
+        fsConfiguration.spoolDirectory =
+            cacheDirectory(options, env) + "/spool/" + spoolName(for: options.endpoint)
+        let filesystem: Filesystem
+        do {
+            filesystem = try Filesystem(store: store, configuration: fsConfiguration, logger: logger)
+        } catch {
+            return fail(error.message, ExitStatus.usage)
+        }
 
         var fuseConfiguration = FuseConfiguration()
         fuseConfiguration.entryTimeout = options.entryTimeout
@@ -156,12 +169,33 @@ enum MountCommand {
         }
         logger.info("mounted \(options.endpoint.url) on \(options.mountpoint) as \(credentials)")
         if !options.foreground {
+            // The parent returns only once the mount answers (see FuseSession.daemonize).
             session.daemonize()
             LogSink.shared.switchToSyslog()
+        }
+        if !options.readOnly {
+            Thread.detached { filesystem.recoverPendingUploads() }
         }
         let rc = session.run()
         logger.info("unmounted \(options.mountpoint)")
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
+    }
+
+    /// `-o cache_dir`, else /var/cache/csspfs for root, else $XDG_CACHE_HOME/csspfs or ~/.cache/csspfs.
+    static func cacheDirectory(_ options: MountOptions, _ env: [String: String]) -> String {
+        if let directory = options.cacheDirectory { return directory }
+        if getuid() == 0 { return "/var/cache/csspfs" }
+        if let xdg = env["XDG_CACHE_HOME"], !xdg.isEmpty { return xdg + "/csspfs" }
+        if let home = env["HOME"], !home.isEmpty { return home + "/.cache/csspfs" }
+        return "/tmp/csspfs-\(getuid())"
+    }
+
+    /// One spool per mounted URL, so two mounts never share a spool (a readable, stable name).
+    static func spoolName(for endpoint: Endpoint) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in endpoint.url.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        let safe = endpoint.container.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" ? $0 : "_" }
+        return String(safe.prefix(40)) + "-" + String(hash, radix: 16)
     }
 
     /// libfuse splits options at commas, so escape them in the name shown in the mount table.
@@ -173,5 +207,23 @@ enum MountCommand {
 extension String {
     fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
         split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}
+
+/// A plain pthread for one background job (not a Swift task: it blocks on the network).
+enum Thread {
+    static func detached(_ body: @escaping @Sendable () -> Void) {
+        final class Box: @unchecked Sendable {  // Handed to exactly one thread.
+            let body: @Sendable () -> Void
+            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+        }
+        var thread = pthread_t()
+        let box = Unmanaged.passRetained(Box(body)).toOpaque()
+        let rc = pthread_create(&thread, nil, { raw in
+            let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
+            box.body()
+            return nil
+        }, box)
+        if rc == 0 { pthread_detach(thread) } else { Unmanaged<Box>.fromOpaque(box).release() }
     }
 }

@@ -22,6 +22,11 @@ public struct MountOptions: Sendable, Equatable {
     public var connectTimeout = 10
     public var stallTimeout = 30
     public var readAheadMiB = 24
+    /// Spool files live below this directory (nil: the default for the user).
+    public var cacheDirectory: String? = nil
+    public var multipartThresholdMiB = 64
+    public var partSizeMiB = 32
+    public var uploadParallelism = 4
     /// Generic kernel mount flags passed through to libfuse (nosuid, nodev, noatime, …).
     public var kernelFlags: [String] = []
     public var fsname: String? = nil
@@ -151,6 +156,10 @@ public enum Arguments {
         case "connect_timeout": options.connectTimeout = try integer(1...600)
         case "stall_timeout": options.stallTimeout = try integer(1...3600)
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
+        case "cache_dir": options.cacheDirectory = try needValue()
+        case "multipart_threshold_mb": options.multipartThresholdMiB = try integer(1...5120)
+        case "part_size_mb": options.partSizeMiB = try integer(1...5120)
+        case "upload_parallel": options.uploadParallelism = try integer(1...64)
         case "fsname": options.fsname = try needValue()
         case "debug": options.debug = true; options.foreground = true
         case "foreground": options.foreground = true
@@ -172,7 +181,7 @@ public enum Arguments {
 
         options (-o):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
-          ro                     read-only mount
+          ro                     read-only mount (writes fail with EROFS)
           allow_other            let other users access the mount (needs user_allow_other for non-root)
           allow_root             let root access the mount
           default_permissions    let the kernel check permissions against the modes shown
@@ -183,6 +192,11 @@ public enum Arguments {
           negative_timeout=S     seconds the kernel caches "no such file" (default 1)
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
           readahead_mb=N         sequential read-ahead in MiB, 0 = off (default 24)
+          cache_dir=PATH         where files being written are spooled (default /var/cache/csspfs for
+                                 root, else $XDG_CACHE_HOME/csspfs or ~/.cache/csspfs)
+          multipart_threshold_mb=N  files larger than this are uploaded in parts (default 64)
+          part_size_mb=N         size of one part (default 32)
+          upload_parallel=N      parts uploaded at once (default 4)
           max_threads=N          FUSE worker threads (default 16)
           retries=N              retries of a failed idempotent request (default 4)
           connect_timeout=S      seconds to connect (default 10)

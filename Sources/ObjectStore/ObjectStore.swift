@@ -147,6 +147,13 @@ public protocol ObjectStore: Sendable {
     func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError)
 
     func delete(key: String) throws(ObjectStoreError)
+
+    /// Replaces the object's metadata and content type. Swift drops everything not sent again,
+    /// `X-Object-Manifest` included, so callers pass the complete set.
+    func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError)
+
+    /// The ETag this store reports for a DLO manifest over parts with these ETags, in order.
+    func manifestETag(partETags: [String]) -> String
 }
 
 extension ObjectStore {

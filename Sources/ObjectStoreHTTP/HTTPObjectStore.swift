@@ -131,6 +131,21 @@ public final class HTTPObjectStore: ObjectStore {
         _ = try send(Request(method: "DELETE", key: key))
     }
 
+    public func post(key: String, contentType: String, metadata: [String: String], manifest: String?)
+        throws(ObjectStoreError)
+    {
+        var request = Request(method: "POST", key: key)
+        request.contentType = contentType
+        request.headers += Self.metadataHeaders(metadata)
+        if let manifest { request.headers.append(("X-Object-Manifest", PercentEncoding.encode(manifest, keepSlash: true))) }
+        _ = try send(request)
+    }
+
+    /// Swift: the MD5 of the parts' hex ETags concatenated.
+    public func manifestETag(partETags: [String]) -> String {
+        MD5.hex(of: Array(partETags.joined().utf8))
+    }
+
     /// Creates the container (idempotent). Not part of `ObjectStore`: the mount never creates
     /// containers; tests and the demo do, on the local server.
     public func createContainer() throws(ObjectStoreError) {

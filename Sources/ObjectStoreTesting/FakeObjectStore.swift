@@ -1,6 +1,10 @@
 import ObjectStore
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// An in-memory container with Swift's listing and DLO semantics, counting every request, so
 /// tests can assert what an operation cost ("readdir of N objects makes no HEAD").
 public final class FakeObjectStore: ObjectStore {
@@ -12,6 +16,7 @@ public final class FakeObjectStore: ObjectStore {
         public var put = 0
         public var delete = 0
         public var copy = 0
+        public var post = 0
         public init() {}
     }
 
@@ -25,7 +30,7 @@ public final class FakeObjectStore: ObjectStore {
 
     public let containerName: String
     /// Protects objects and counts.
-    private let state = Mutex<(objects: [String: Object], counts: Counts, clock: Double)>(([:], Counts(), 1_700_000_000))
+    private let state = Mutex<(objects: [String: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
 
     public init(containerName: String = "fake-container") {
         self.containerName = containerName
@@ -131,8 +136,17 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) -> String {
-        guard case .bytes(let bytes) = body else {
-            throw ObjectStoreError(.localIO, "FakeObjectStore stores only in-memory bodies")
+        let bytes: [UInt8]
+        switch body {
+        case .bytes(let b): bytes = b
+        case .file(let path, let offset, let length): bytes = try Self.readFile(path, offset: offset, length: length)
+        }
+        if let failure = state.withLock({ s -> ObjectStoreError? in
+            guard s.failPuts > 0 else { return nil }
+            s.failPuts -= 1
+            return ObjectStoreError(.transient, "injected PUT failure", httpStatus: 503)
+        }) {
+            throw failure
         }
         return state.withLock { s in
             s.counts.put += 1
@@ -163,6 +177,45 @@ public final class FakeObjectStore: ObjectStore {
             if let metadata { object.metadata = metadata }
             s.objects[destination] = object
         }
+    }
+
+    public func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError) {
+        try state.withLock { (s) throws(ObjectStoreError) in
+            s.counts.post += 1
+            guard var object = s.objects[key] else {
+                throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
+            }
+            object.contentType = contentType
+            object.metadata = metadata
+            object.manifest = manifest
+            s.objects[key] = object
+        }
+    }
+
+    public func manifestETag(partETags: [String]) -> String { Self.etag(Array(partETags.joined().utf8)) }
+
+    /// Makes the next `count` PUTs fail with a transient error.
+    public func failNextPuts(_ count: Int) { state.withLock { $0.failPuts = count } }
+
+    /// Every key, sorted.
+    public var keys: [String] { state.withLock { $0.objects.keys.sorted(by: Self.byteOrder) } }
+
+    /// The stored content and metadata of `key` (manifests resolved), without counting.
+    public func object(_ key: String) -> (bytes: [UInt8], contentType: String, metadata: [String: String])? {
+        state.withLock { s in
+            guard let o = s.objects[key], let bytes = content(key, in: s.objects) else { return nil }
+            return (bytes, o.contentType, o.metadata)
+        }
+    }
+
+    static func readFile(_ path: String, offset: Int64, length: Int64) throws(ObjectStoreError) -> [UInt8] {
+        let fd = open(path, O_RDONLY)
+        guard fd >= 0 else { throw ObjectStoreError(.localIO, "cannot read \(path)") }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: Int(length))
+        let n = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, Int(length), off_t(offset)) }
+        guard n == Int(length) else { throw ObjectStoreError(.localIO, "short read of \(path)") }
+        return bytes
     }
 
     public func delete(key: String) throws(ObjectStoreError) {

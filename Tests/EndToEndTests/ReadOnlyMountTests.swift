@@ -74,9 +74,9 @@ struct ReadOnlyMountTests {
         #expect(try mount.unmount() == 0)
     }
 
-    @Test func writesAreRefusedWithEROFS() throws {
+    @Test func roMountRefusesWritesWithEROFS() throws {
         let fixture = try Fixture.get()
-        let mount = try Mount(fixture.environment, container: fixture.container)
+        let mount = try Mount(fixture.environment, container: fixture.container, options: ["ro"])
         for command in ["touch NEW", "mkdir NEWDIR", "rm tree/top.txt", "echo x >> tree/top.txt", "mv tree/top.txt tree/moved"] {
             let result = try shell("cd \(quoted(mount.directory)) && \(command)")
             #expect(result.status != 0, "\(command) succeeded")

@@ -2,17 +2,22 @@ import Logging
 import ObjectStore
 import ObjectStoreTesting
 import Testing
+import Foundation
 
 @testable import FileSystem
 
 /// The filesystem core against the in-memory store: semantics and request counts, no kernel.
 struct FilesystemTests {
-    func makeFilesystem(_ store: FakeObjectStore, pageSize: Int = 10_000, rootPrefix: String = "") -> Filesystem {
+    func makeFilesystem(_ store: FakeObjectStore, pageSize: Int = 10_000, rootPrefix: String = "", readOnly: Bool = false)
+        -> Filesystem
+    {
         var configuration = FilesystemConfiguration()
+        configuration.readOnly = readOnly
+        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
         configuration.listPageSize = pageSize
         configuration.rootPrefix = rootPrefix
         configuration.readChunkSize = 1 << 16
-        return Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 
     /// Every name readdir shows in `inode` (without . and ..), in order.
@@ -36,7 +41,7 @@ struct FilesystemTests {
     }
 
     func readAll(_ fs: Filesystem, _ inode: InodeNumber, chunk: Int = 4096) throws -> [UInt8] {
-        let opened = try fs.open(inode, writable: false)
+        let opened = try fs.open(inode, writable: false, truncate: false)
         defer { fs.release(handle: opened.handle) }
         var bytes: [UInt8] = []
         while true {
@@ -173,7 +178,7 @@ struct FilesystemTests {
         let empty = try fs.lookup(parent: Filesystem.rootInode, name: "empty")
         #expect(empty.size == 0)
         #expect(try readAll(fs, empty.inode) == [])
-        let opened = try fs.open(big.inode, writable: false)
+        let opened = try fs.open(big.inode, writable: false, truncate: false)
         var tail: [UInt8] = []
         try fs.read(handle: opened.handle, offset: 199_990, length: 100) { tail = Array($0) }
         #expect(tail == Array(content[199_990...]))
@@ -186,7 +191,7 @@ struct FilesystemTests {
         store.seed("data", Array(repeating: 9, count: 1 << 20))
         let fs = makeFilesystem(store)
         let data = try fs.lookup(parent: Filesystem.rootInode, name: "data")
-        let opened = try fs.open(data.inode, writable: false)
+        let opened = try fs.open(data.inode, writable: false, truncate: false)
         // The first read at 0 starts a chunk; then far-apart reads are random.
         try fs.read(handle: opened.handle, offset: 0, length: 4096) { _ in }
         store.resetCounts()
@@ -217,9 +222,9 @@ struct FilesystemTests {
         store.seed("f", Array(repeating: 1, count: 200_000))
         let fs = makeFilesystem(store)
         let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
-        let opened = try fs.open(f.inode, writable: false)
+        let opened = try fs.open(f.inode, writable: false, truncate: false)
         store.seed("f", Array(repeating: 2, count: 200_000))
-        do {
+        do throws(FSError) {
             try fs.read(handle: opened.handle, offset: 0, length: 10) { _ in }
             Issue.record("read of a replaced object succeeded")
         } catch {
@@ -230,9 +235,9 @@ struct FilesystemTests {
     @Test func writesAreRefusedOnTheReadOnlyMount() throws {
         let store = FakeObjectStore()
         store.seed("f", text: "x")
-        let fs = makeFilesystem(store)
+        let fs = makeFilesystem(store, readOnly: true)
         let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
-        #expect(throws: FSError.self) { try fs.open(f.inode, writable: true) }
+        #expect(throws: FSError.self) { try fs.open(f.inode, writable: true, truncate: false) }
     }
 
     @Test func rootPrefixMountsASubtree() throws {

@@ -16,6 +16,9 @@ struct ErrnoTests {
         (.notSupported, .notSupported),
         (.invalidArgument, .invalidArgument),
         (.nameTooLong, .fileNameTooLong),
+        (.notPermitted, .notPermitted),
+        (.noSpace, .noSpace),
+        (.exists, .fileExists),
         (.ioError, .ioError),
     ]
 

@@ -1,0 +1,372 @@
+import Dispatch
+import ObjectStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Opening, reading, writing and storing files.
+///
+/// A file opened for writing gets a spool (see `Spool`); an existing object opened without
+/// O_TRUNC is downloaded into it first, so random writes, appends and truncation all work.
+/// flush (every close), fsync and the last release upload the spool if it changed; a failed
+/// upload is returned to the writer as EIO and retried in the background until stored.
+extension Filesystem {
+    public struct OpenResult: Sendable {
+        public var handle: UInt64
+        /// The page cache holds this object's current content: the kernel may keep it.
+        public var keepCache: Bool
+    }
+
+    var uploader: Uploader {
+        Uploader(
+            store: store, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
+            concurrency: configuration.uploadConcurrency)
+    }
+
+    private func register(_ handle: Handle) -> UInt64 {
+        state.withLock { s in
+            let number = s.nextHandle
+            s.nextHandle += 1
+            s.fileHandles[number] = handle
+            return number
+        }
+    }
+
+    public func open(_ inode: InodeNumber, writable: Bool, truncate: Bool) throws(FSError) -> OpenResult {
+        var node = try node(inode)
+        switch node.kind {
+        case .directory: throw FSError(.isADirectory, "open of a directory")
+        case .symlink: throw FSError(.invalidArgument, "open of a symlink")
+        case .file: break
+        }
+        if (writable || truncate) && configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
+
+        if let open = attach(inode, writable: writable) {
+            if truncate { try open.truncate(to: 0) }
+            return OpenResult(handle: register(.spool(open, writable: writable)), keepCache: true)
+        }
+        // Close-to-open: a file opened after its writer closed it shows the new content.
+        if !truncate && Self.now() - node.confirmedAt > configuration.attributeCacheSeconds {
+            node = try refresh(node)
+        }
+        guard writable || truncate else {
+            let reader = FileReader(
+                store: store, key: node.key, size: node.size, etag: node.etag, isManifest: node.manifest != nil,
+                chunkSize: configuration.readChunkSize, readAheadChunks: configuration.readAheadChunks)
+            let handle = register(.remote(reader))
+            let keep = state.withLock { s in
+                let keep = s.nodes[inode]?.cachedEtag == node.etag
+                s.nodes[inode]?.cachedEtag = node.etag
+                return keep
+            }
+            return OpenResult(handle: handle, keepCache: keep)
+        }
+        let open = try makeSpool(for: node, download: !truncate)
+        // Another thread may have opened the same file meanwhile: its spool wins.
+        let winner: OpenFile = state.withLock { s in
+            if let existing = s.openFiles[inode] { return existing }
+            s.openFiles[inode] = open
+            return open
+        }
+        if winner !== open { open.discard() }
+        if let attached = attach(inode, writable: writable, existing: winner) {
+            if truncate && winner !== open { try attached.truncate(to: 0) }
+            return OpenResult(handle: register(.spool(attached, writable: writable)), keepCache: !truncate)
+        }
+        throw FSError(.stale, "the file was closed while it was being opened")
+    }
+
+    /// Counts one more handle on the spool of `inode`, if it has one.
+    private func attach(_ inode: InodeNumber, writable: Bool, existing: OpenFile? = nil) -> OpenFile? {
+        state.withLock { s in
+            guard let open = existing ?? s.openFiles[inode] else { return nil }
+            open.state.withLock { o in
+                if writable { o.writers += 1 } else { o.readers += 1 }
+            }
+            return open
+        }
+    }
+
+    /// A new spool for `node`, holding the object's current bytes when `download` is set.
+    func makeSpool(for node: Node, download: Bool) throws(FSError) -> OpenFile {
+        let (path, fd) = try spool.create()
+        let open = OpenFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: !download)
+        guard download && node.size > 0 else { return open }
+        var offset: Int64 = 0
+        var failure: FSError? = nil
+        do {
+            _ = try store.get(key: node.key, range: nil) { bytes in
+                guard failure == nil else { return }
+                var done = 0
+                while done < bytes.count {
+                    let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        failure = Spool.error("write to spool \(path)")
+                        return
+                    }
+                    done += n
+                }
+                offset += Int64(bytes.count)
+            }
+        } catch {
+            open.discard()
+            throw FSError(storeError: error, operation: "open for writing", path: node.key)
+        }
+        if let failure {
+            open.discard()
+            throw failure
+        }
+        open.state.withLock { $0.size = offset }
+        return open
+    }
+
+    private func handle(_ number: UInt64) throws(FSError) -> Handle {
+        guard let handle = state.withLock({ $0.fileHandles[number] }) else {
+            throw FSError(.invalidArgument, "unknown file handle \(number)")
+        }
+        return handle
+    }
+
+    public func read(handle number: UInt64, offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void)
+        throws(FSError)
+    {
+        switch try handle(number) {
+        case .remote(let reader): try reader.read(offset: offset, length: length, reply: reply)
+        case .spool(let open, _): try open.read(offset: offset, length: length, reply: reply)
+        }
+    }
+
+    public func write(handle number: UInt64, offset: Int64, bytes: UnsafeRawBufferPointer) throws(FSError) {
+        guard case .spool(let open, writable: true) = try handle(number) else {
+            throw FSError(.invalidArgument, "write on a handle not open for writing")
+        }
+        try open.write(bytes, at: offset)
+        let now = Timestamp.now()
+        state.withLock { s in s.nodes[open.inode]?.stored.mtime = now }
+    }
+
+    /// flush (each close of a descriptor) and fsync: store the file if it changed.
+    public func flush(handle number: UInt64) throws(FSError) {
+        guard case .spool(let open, let writable) = try handle(number), writable else { return }
+        try commit(open)
+    }
+
+    public func release(handle number: UInt64) {
+        guard let handle = state.withLock({ $0.fileHandles.removeValue(forKey: number) }) else { return }
+        guard case .spool(let open, let writable) = handle else { return }
+        let last = open.state.withLock { o in
+            if writable { o.writers -= 1 } else { o.readers -= 1 }
+            return o.writers == 0 && o.readers == 0 && !o.pending
+        }
+        guard last else { return }
+        do {
+            try commit(open)
+            retire(open)
+        } catch {
+            // The writer saw this error at close already; keep the bytes and keep trying.
+            logger.error("\(error.message); the data stays in \(open.path) and is retried")
+            markPending(open)
+        }
+    }
+
+    /// Drops a spool whose content is stored (or was unlinked), and the node if the kernel forgot it.
+    func retire(_ open: OpenFile) {
+        let done: Bool = state.withLock { s in
+            let idle = open.state.withLock { o in
+                o.writers == 0 && o.readers == 0 && (!(o.dataDirty || o.metadataDirty) || o.unlinked)
+            }
+            guard idle, s.openFiles[open.inode] === open else { return false }
+            s.openFiles[open.inode] = nil
+            if let node = s.nodes[open.inode], node.lookups == 0 {
+                s.nodes[open.inode] = nil
+                if s.children[node.parent]?[node.name] == open.inode { s.children[node.parent]?[node.name] = nil }
+            }
+            return true
+        }
+        if done { open.discard() }
+    }
+
+    private func markPending(_ open: OpenFile) {
+        let alreadyPending = open.state.withLock { o in
+            defer { o.pending = true }
+            return o.pending
+        }
+        if let key = state.withLock({ $0.nodes[open.inode]?.key }) {
+            Spool.writePendingNote(dataPath: open.path, key: key)
+        }
+        if !alreadyPending { scheduleRetry(open, after: configuration.pendingRetrySeconds) }
+    }
+
+    private func scheduleRetry(_ open: OpenFile, after delay: Double) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in
+            do throws(FSError) {
+                try commit(open)
+                open.state.withLock { $0.pending = false }
+                logger.notice("stored \(open.path) after an earlier failure")
+                retire(open)
+            } catch {
+                logger.warning("retrying upload of \(open.path) later: \(error.message)")
+                scheduleRetry(open, after: min(60, delay * 2))
+            }
+        }
+    }
+
+    /// Uploads the spool (or only its metadata) if it changed since the last upload.
+    func commit(_ open: OpenFile) throws(FSError) {
+        try open.uploadLock.withLock { (_: inout Void) throws(FSError) in
+            let snapshot = open.state.withLock { $0 }
+            if snapshot.unlinked || !(snapshot.dataDirty || snapshot.metadataDirty) { return }
+            guard let node = state.withLock({ $0.nodes[open.inode] }) else { return }
+            let contentType = node.stored.contentType(base: node.baseContentType)
+            let metadata = node.stored.metadata(mergedInto: node.extraMetadata)
+            var etag = node.etag
+            var manifest = node.manifest
+            do throws(ObjectStoreError) {
+                if snapshot.dataDirty {
+                    let result = try uploader.upload(
+                        path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
+                        metadata: metadata)
+                    if let old = node.manifest, old != result.manifest {
+                        uploader.deleteParts(manifest: old, ofKey: node.key)
+                    }
+                    etag = result.etag
+                    manifest = result.manifest
+                } else {
+                    try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
+                }
+            } catch {
+                throw FSError(storeError: error, operation: "upload", path: node.key)
+            }
+            Glibc.unlink(String(open.path.dropLast(".data".count)) + ".pending")
+            open.state.withLock { o in
+                if o.generation == snapshot.generation {
+                    o.dataDirty = false
+                    o.metadataDirty = false
+                }
+            }
+            state.withLock { s in
+                guard var current = s.nodes[open.inode] else { return }
+                current.size = snapshot.size
+                current.etag = etag
+                current.manifest = manifest
+                current.confirmedAt = Self.now()
+                current.cachedEtag = etag
+                current.lastModified = Timestamp.now()
+                s.nodes[open.inode] = current
+                updateListing(current.parent, name: current.name, entry: entry(for: current), in: &s)
+            }
+        }
+    }
+
+    /// The listing entry that describes `node` as we last stored it.
+    func entry(for node: Node) -> DirectoryEntry {
+        DirectoryEntry(
+            name: node.name, kind: node.kind, key: node.key, size: node.manifest == nil ? node.size : 0,
+            etag: node.etag, lastModified: node.lastModified,
+            contentType: node.stored.contentType(base: node.baseContentType))
+    }
+
+    // MARK: Attributes
+
+    public func setattr(_ inode: InodeNumber, _ changes: AttributeChanges) throws(FSError) -> Attributes {
+        if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
+        let node = try node(inode)
+        if let size = changes.size {
+            guard node.kind == .file else { throw FSError(.isADirectory, "truncate of a directory") }
+            try truncate(node, to: size)
+        }
+        let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
+        if metadataChanged {
+            let updated: Node = state.withLock { s in
+                var n = s.nodes[inode] ?? node
+                if let mode = changes.mode { n.stored.mode = mode & 0o7777 }
+                if let uid = changes.uid { n.stored.uid = uid }
+                if let gid = changes.gid { n.stored.gid = gid }
+                if let modified = changes.modified { n.stored.mtime = modified }
+                s.nodes[inode] = n
+                return n
+            }
+            if let open = state.withLock({ $0.openFiles[inode] }) {
+                open.markMetadataDirty()
+            } else {
+                try persistAttributes(of: updated)
+            }
+        }
+        return try getattr(inode)
+    }
+
+    private func truncate(_ node: Node, to size: Int64) throws(FSError) {
+        if let open = state.withLock({ $0.openFiles[node.inode] }) {
+            try open.truncate(to: size)
+            return
+        }
+        // No open handle (truncate(2) on a path): download, cut, store, done.
+        let open = try makeSpool(for: node, download: size > 0)
+        defer { open.discard() }
+        try open.truncate(to: size)
+        state.withLock { s in s.nodes[node.inode]?.stored.mtime = Timestamp.now() }
+        try commit(open)
+    }
+
+    /// Writes a node's stored attributes to the server, keeping every other header.
+    func persistAttributes(of node: Node) throws(FSError) {
+        do {
+            switch node.kind {
+            case .file, .symlink:
+                let info = try store.head(key: node.key)
+                let base = StoredAttributes.parse(contentType: info.contentType).base
+                try store.post(
+                    key: node.key, contentType: node.stored.contentType(base: base),
+                    metadata: node.stored.metadata(mergedInto: info.metadata), manifest: info.manifest)
+            case .directory:
+                // The root of the mount has no object to keep attributes on.
+                guard !node.key.isEmpty else { return }
+                let marker = node.key
+                let contentType = node.stored.contentType(base: ObjectKey.directoryContentType)
+                do {
+                    let info = try store.head(key: marker)
+                    try store.post(
+                        key: marker, contentType: contentType, metadata: node.stored.metadata(mergedInto: info.metadata),
+                        manifest: nil)
+                } catch where error.code == .notFound {
+                    try store.put(
+                        key: marker, body: .bytes([]), contentType: contentType,
+                        metadata: node.stored.metadata(mergedInto: [:]))
+                }
+            }
+        } catch {
+            throw FSError(storeError: error, operation: "set attributes of", path: node.key)
+        }
+        state.withLock { s in
+            s.nodes[node.inode]?.confirmedAt = Self.now()
+            if node.kind != .directory, let current = s.nodes[node.inode] {
+                updateListing(current.parent, name: current.name, entry: entry(for: current), in: &s)
+            }
+        }
+    }
+
+    // MARK: Recovery
+
+    /// Uploads spools that an earlier process could not store, and removes abandoned ones.
+    public func recoverPendingUploads() {
+        let (pending, abandoned) = spool.leftovers()
+        for path in abandoned {
+            logger.warning("removing \(path): an unfinished write of an earlier mount that no close confirmed")
+            Spool.remove(dataPath: path)
+        }
+        for (path, key) in pending {
+            var st = stat()
+            guard stat(path, &st) == 0 else { continue }
+            do {
+                _ = try uploader.upload(
+                    path: path, size: Int64(st.st_size), key: key, contentType: "application/octet-stream", metadata: [:])
+                Spool.remove(dataPath: path)
+                logger.notice("stored '\(key)' from \(path), left by an earlier mount")
+            } catch {
+                logger.error("cannot store '\(key)' from \(path) yet: \(error); it stays for the next mount")
+            }
+        }
+    }
+}

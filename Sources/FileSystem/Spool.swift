@@ -1,0 +1,196 @@
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The spool directory: one local file per file open for writing, uploaded at close/fsync.
+///
+/// Subtleties:
+/// 1. The bytes of a file whose upload failed stay here (with a `.pending` note naming the key)
+///    until they are stored; a later mount of the same container retries them first.
+/// 2. A full disk is ENOSPC from `write`, not a lost close: every write goes to the spool first.
+/// 3. Spool files of an earlier process without a `.pending` note were never acknowledged to a
+///    writer (no successful close), so they are removed at start.
+final class Spool: Sendable {
+    let directory: String
+
+    init(directory: String) throws(FSError) {
+        self.directory = directory
+        guard Spool.makeDirectories(directory) else {
+            throw FSError(
+                .ioError,
+                "cannot create the spool directory \(directory): \(String(cString: strerror(errno))); "
+                    + "choose another with -o cache_dir=")
+        }
+    }
+
+    private static func makeDirectories(_ path: String) -> Bool {
+        var current = ""
+        for component in path.split(separator: "/") {
+            current += "/" + component
+            if mkdir(current, 0o700) != 0 && errno != EEXIST { return false }
+        }
+        return access(path, W_OK) == 0
+    }
+
+    /// Creates a new empty spool file, opened read-write.
+    func create() throws(FSError) -> (path: String, fd: Int32) {
+        let path = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".data"
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw Spool.error("create spool file \(path)") }
+        return (path, fd)
+    }
+
+    static func error(_ what: String) -> FSError {
+        let code = errno
+        return FSError(code == ENOSPC || code == EDQUOT ? .noSpace : .ioError, "\(what): \(String(cString: strerror(code)))")
+    }
+
+    /// Files of earlier processes: pending uploads (data path, key) and abandoned data files.
+    func leftovers() -> (pending: [(data: String, key: String)], abandoned: [String]) {
+        guard let dir = opendir(directory) else { return ([], []) }
+        defer { closedir(dir) }
+        var data: Set<String> = []
+        var notes: [String: String] = [:]
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            if name.hasSuffix(".data") { data.insert(name) }
+            if name.hasSuffix(".pending") {
+                let base = String(name.dropLast(".pending".count))
+                notes[base + ".data"] = Spool.read(directory + "/" + name)
+            }
+        }
+        var pending: [(String, String)] = []
+        var abandoned: [String] = []
+        for name in data.sorted() {
+            if let key = notes[name], !key.isEmpty {
+                pending.append((directory + "/" + name, key))
+            } else {
+                abandoned.append(directory + "/" + name)
+            }
+        }
+        return (pending, abandoned)
+    }
+
+    static func read(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 8192)
+        let n = Glibc.read(fd, &buffer, buffer.count)
+        return n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : nil
+    }
+
+    /// Writes the note that marks `dataPath` as an upload still owed to `key`.
+    static func writePendingNote(dataPath: String, key: String) {
+        let note = String(dataPath.dropLast(".data".count)) + ".pending"
+        let fd = open(note, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        let bytes = Array(key.utf8)
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        fsync(fd)
+        close(fd)
+    }
+
+    static func remove(dataPath: String) {
+        unlink(dataPath)
+        unlink(String(dataPath.dropLast(".data".count)) + ".pending")
+    }
+}
+
+/// A file open for writing (or closed with its upload still pending): its spool and state.
+final class OpenFile: Sendable {
+    let inode: InodeNumber
+    let path: String
+    let fd: Int32
+
+    struct State {
+        var size: Int64
+        /// Bytes changed since the last successful upload (or never uploaded).
+        var dataDirty: Bool
+        /// Mode, owner or time changed since the last successful upload.
+        var metadataDirty = false
+        /// Bumped by every change, so an upload knows whether it stored the latest state.
+        var generation: UInt64 = 0
+        var writers = 0
+        var readers = 0
+        /// The file was unlinked while open: its bytes are never uploaded.
+        var unlinked = false
+        /// The last upload failed; a retry is scheduled.
+        var pending = false
+    }
+
+    /// Protects `State`.
+    let state: Mutex<State>
+    /// Serialises uploads of this file (held during network I/O on purpose).
+    let uploadLock = Mutex<Void>(())
+
+    init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool) {
+        self.inode = inode
+        self.path = path
+        self.fd = fd
+        self.state = Mutex(State(size: size, dataDirty: dirty))
+    }
+
+    var size: Int64 { state.withLock { $0.size } }
+
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FSError) {
+        var done = 0
+        while done < bytes.count {
+            let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Spool.error("write to spool \(path)")
+            }
+            done += n
+        }
+        state.withLock { s in
+            s.size = max(s.size, offset + Int64(bytes.count))
+            s.dataDirty = true
+            s.generation += 1
+        }
+    }
+
+    func truncate(to size: Int64) throws(FSError) {
+        guard ftruncate(fd, off_t(size)) == 0 else { throw Spool.error("truncate spool \(path)") }
+        state.withLock { s in
+            s.size = size
+            s.dataDirty = true
+            s.generation += 1
+        }
+    }
+
+    func markMetadataDirty() {
+        state.withLock { s in
+            s.metadataDirty = true
+            s.generation += 1
+        }
+    }
+
+    func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
+        let size = self.size
+        guard offset < size, length > 0 else {
+            reply(UnsafeRawBufferPointer(start: nil, count: 0))
+            return
+        }
+        let count = Int(min(Int64(length), size - offset))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
+        defer { buffer.deallocate() }
+        var done = 0
+        while done < count {
+            let n = pread(fd, buffer.baseAddress! + done, count - done, off_t(offset + Int64(done)))
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { throw Spool.error("read spool \(path)") }
+            if n == 0 { break }
+            done += n
+        }
+        reply(UnsafeRawBufferPointer(rebasing: buffer[0..<done]))
+    }
+
+    /// Closes and deletes the spool.
+    func discard() {
+        close(fd)
+        Spool.remove(dataPath: path)
+    }
+}

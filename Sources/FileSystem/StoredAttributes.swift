@@ -1,0 +1,96 @@
+import ObjectStore
+
+/// POSIX attributes kept with an object, and how they are written.
+///
+/// Two places, on purpose:
+/// 1. `X-Object-Meta-Mtime` (Unix seconds with fraction, as rclone and svfs write it),
+///    `X-Object-Meta-Mode` (octal), `-Uid`, `-Gid`, `-Symlink-Target` (svfs's convention): what
+///    other tools read. Only HEAD and GET return them.
+/// 2. The same values as parameters of the Content-Type (`;cssp-mtime=…;cssp-mode=…`), which the
+///    container listing does return: this is what lets `ls -l` and `rsync` see exact times and
+///    modes of files csspfs wrote at the cost of one listing, without a HEAD per file.
+/// When both exist the metadata headers win (another tool may have updated them).
+public struct StoredAttributes: Sendable, Equatable {
+    public var mode: UInt16?
+    public var uid: UInt32?
+    public var gid: UInt32?
+    public var mtime: Timestamp?
+
+    public init(mode: UInt16? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timestamp? = nil) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.mtime = mtime
+    }
+
+    static let parameterPrefix = "cssp-"
+    public static let symlinkContentType = "application/link"
+    static let symlinkTargetHeader = "symlink-target"
+
+    /// The content type without csspfs's parameters, and the attributes they carried.
+    public static func parse(contentType: String) -> (base: String, attributes: StoredAttributes) {
+        var attributes = StoredAttributes()
+        var kept: [Substring] = []
+        for (index, part) in contentType.split(separator: ";", omittingEmptySubsequences: false).enumerated() {
+            let trimmed = part.drop(while: { $0 == " " })
+            guard index > 0, trimmed.hasPrefix(parameterPrefix), let equals = trimmed.firstIndex(of: "=") else {
+                kept.append(part)
+                continue
+            }
+            let name = trimmed[trimmed.index(trimmed.startIndex, offsetBy: parameterPrefix.count)..<equals]
+            attributes.set(String(name), String(trimmed[trimmed.index(after: equals)...]))
+        }
+        return (kept.joined(separator: ";"), attributes)
+    }
+
+    /// Attributes from `X-Object-Meta-*` (names lower-cased without the prefix).
+    public static func parse(metadata: [String: String]) -> StoredAttributes {
+        var attributes = StoredAttributes()
+        for name in ["mtime", "mode", "uid", "gid"] {
+            if let value = metadata[name] { attributes.set(name, value) }
+        }
+        return attributes
+    }
+
+    /// Attributes of an object from its HEAD: metadata headers over content-type parameters.
+    public static func of(_ info: ObjectInfo) -> StoredAttributes {
+        var attributes = parse(contentType: info.contentType).attributes
+        let headers = parse(metadata: info.metadata)
+        attributes.mode = headers.mode ?? attributes.mode
+        attributes.uid = headers.uid ?? attributes.uid
+        attributes.gid = headers.gid ?? attributes.gid
+        attributes.mtime = headers.mtime ?? attributes.mtime
+        return attributes
+    }
+
+    private mutating func set(_ name: String, _ value: String) {
+        switch name {
+        case "mtime": mtime = Timestamp(parsing: value) ?? mtime
+        case "mode": mode = UInt16(value, radix: 8).map { $0 & 0o7777 } ?? mode
+        case "uid": uid = UInt32(value) ?? uid
+        case "gid": gid = UInt32(value) ?? gid
+        default: break
+        }
+    }
+
+    /// The content type to store: `base` plus these attributes as parameters.
+    public func contentType(base: String) -> String {
+        var text = base.isEmpty ? "application/octet-stream" : base
+        if let mtime { text += ";cssp-mtime=\(mtime)" }
+        if let mode { text += ";cssp-mode=0" + String(mode, radix: 8) }
+        if let uid { text += ";cssp-uid=\(uid)" }
+        if let gid { text += ";cssp-gid=\(gid)" }
+        return text
+    }
+
+    /// `existing` metadata with these attributes written over it (other headers are kept:
+    /// Swift replaces all metadata on every update).
+    public func metadata(mergedInto existing: [String: String]) -> [String: String] {
+        var result = existing
+        if let mtime { result["mtime"] = mtime.description }
+        if let mode { result["mode"] = "0" + String(mode, radix: 8) }
+        if let uid { result["uid"] = String(uid) }
+        if let gid { result["gid"] = String(gid) }
+        return result
+    }
+}

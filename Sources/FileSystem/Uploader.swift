@@ -1,0 +1,122 @@
+import Dispatch
+import ObjectStore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Stores a spool file under a key: one verified PUT up to the threshold, a DLO multipart upload
+/// above it.
+///
+/// Subtleties:
+/// 1. Parts go to `.cssp-parts/<uploadId>/<n>` (n zero-padded to 8 digits: a DLO concatenates in
+///    name order), never below the key itself, where they would make the key look like a file and
+///    a directory at once. Renaming a multipart file only moves its manifest.
+/// 2. The manifest is written last, then verified: its size, and its ETag against the MD5 of the
+///    parts' ETags. A manifest's view of its parts follows container listings, which may lag, so
+///    a mismatch is retried a few times before the upload counts as failed.
+/// 3. A failed upload deletes the parts it wrote; the spool keeps the bytes.
+struct Uploader {
+    let store: any ObjectStore
+    let threshold: Int64
+    let partSize: Int64
+    let concurrency: Int
+
+    struct Result {
+        var etag: String
+        var manifest: String?
+    }
+
+    func upload(path: String, size: Int64, key: String, contentType: String, metadata: [String: String])
+        throws(ObjectStoreError) -> Result
+    {
+        if size <= threshold {
+            let etag = try store.put(
+                key: key, body: .file(path: path, offset: 0, length: size), contentType: contentType, metadata: metadata)
+            return Result(etag: etag, manifest: nil)
+        }
+        let uploadID = String(UInt64.random(in: 0...UInt64.max), radix: 16)
+        let partPrefix = Filesystem.partsPrefix + uploadID + "/"
+        let count = Int((size + partSize - 1) / partSize)
+        let etags = Mutex<[String?]>(Array(repeating: nil, count: count))
+        let firstError = Mutex<ObjectStoreError?>(nil)
+        let next = Atomic<Int>(0)
+        let store = self.store
+        let partSize = self.partSize
+        DispatchQueue.concurrentPerform(iterations: max(1, min(concurrency, count))) { _ in
+            while firstError.withLock({ $0 == nil }) {
+                let index = next.add(1, ordering: .relaxed).oldValue
+                if index >= count { return }
+                let offset = Int64(index) * partSize
+                do throws(ObjectStoreError) {
+                    let etag = try store.put(
+                        key: partPrefix + Uploader.partName(index + 1),
+                        body: .file(path: path, offset: offset, length: min(partSize, size - offset)),
+                        contentType: nil, metadata: [:])
+                    etags.withLock { $0[index] = etag }
+                } catch {
+                    firstError.withLock { if $0 == nil { $0 = error } }
+                }
+            }
+        }
+        do throws(ObjectStoreError) {
+            if let error = firstError.withLock({ $0 }) { throw error }
+            let partETags = etags.withLock { $0.compactMap { $0 } }
+            try store.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
+            let expected = store.manifestETag(partETags: partETags)
+            try verify(key: key, size: size, etag: expected)
+            return Result(etag: expected, manifest: store.containerName + "/" + partPrefix)
+        } catch {
+            deleteAll(prefix: partPrefix)
+            throw error
+        }
+    }
+
+    private func verify(key: String, size: Int64, etag: String) throws(ObjectStoreError) {
+        var delay: UInt32 = 100_000
+        for attempt in 1...6 {
+            let info = try store.head(key: key)
+            if info.size == size && info.etag == etag { return }
+            if attempt == 6 {
+                throw ObjectStoreError(
+                    .invalidResponse,
+                    "the manifest of '\(key)' shows \(info.size) bytes with ETag \(info.etag), expected \(size) bytes "
+                        + "with ETag \(etag)")
+            }
+            usleep(delay)
+            delay *= 2
+        }
+    }
+
+    static func partName(_ number: Int) -> String {
+        let digits = String(number)
+        return String(repeating: "0", count: max(0, 8 - digits.count)) + digits
+    }
+
+    /// Deletes the parts of a DLO manifest (`container/prefix`) when they are ours to delete: our
+    /// own parts prefix, or the SDK's layout below the key itself.
+    func deleteParts(manifest: String, ofKey key: String) {
+        let container = store.containerName + "/"
+        guard manifest.utf8.starts(with: container.utf8) else { return }
+        let prefix = String(manifest.dropFirst(container.count))
+        guard prefix.utf8.starts(with: Filesystem.partsPrefix.utf8) || prefix.utf8.starts(with: (key + "/").utf8),
+            prefix.hasSuffix("/"), prefix.count > Filesystem.partsPrefix.count
+        else { return }
+        deleteAll(prefix: prefix)
+    }
+
+    /// Best-effort delete of every key below `prefix`.
+    func deleteAll(prefix: String) {
+        guard let keys = try? store.listAll(prefix: prefix, delimiter: nil).map(\.name) else { return }
+        let next = Atomic<Int>(0)
+        let store = self.store
+        DispatchQueue.concurrentPerform(iterations: max(1, min(8, keys.count))) { _ in
+            while true {
+                let index = next.add(1, ordering: .relaxed).oldValue
+                if index >= keys.count { return }
+                _ = try? store.delete(key: keys[index])
+            }
+        }
+    }
+}
