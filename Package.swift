@@ -10,7 +10,8 @@ import PackageDescription
 let package = Package(
     name: "csspfs",
     products: [
-        .executable(name: "mount.cssp", targets: ["MountCSSP"])
+        .executable(name: "mount.cssp", targets: ["MountCSSP"]),
+        .executable(name: "cssp-tool", targets: ["CSSPTool"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),

@@ -17,7 +17,7 @@ set -a
 . "${CSSP_SERVER_DIR:-$REPO/.work/server}/env"
 set +a
 URL=$("$REPO/scripts/cssp-server" create-container bench)
-TOOL="$REPO/.build/release/CSSPTool"
+TOOL="$REPO/.build/release/cssp-tool"
 MOUNT="$REPO/.build/release/mount.cssp"
 MNT=$(mktemp -d /tmp/cssp-bench-XXXX)
 trap 'fusermount3 -u "$MNT" 2>/dev/null || true; rmdir "$MNT"' EXIT

@@ -156,6 +156,11 @@ extension Filesystem {
     public func release(handle number: UInt64) {
         guard let handle = state.withLock({ $0.fileHandles.removeValue(forKey: number) }) else { return }
         guard case .spool(let open, let writable) = handle else { return }
+        detach(open, writable: writable)
+    }
+
+    /// Drops one handle's hold on a spool; the last one stores what changed and retires it.
+    private func detach(_ open: OpenFile, writable: Bool) {
         let last = open.state.withLock { o in
             if writable { o.writers -= 1 } else { o.readers -= 1 }
             return o.writers == 0 && o.readers == 0 && !o.pending
@@ -169,6 +174,30 @@ extension Filesystem {
             logger.error("\(error.message); the data stays in \(open.path) and is retried")
             markPending(open)
         }
+    }
+
+    /// Runs `body` on the spool of `inode` while holding it like a writer, so that a concurrent
+    /// last release cannot retire it half-way; returns false when the file has no spool.
+    private func withSpool(of inode: InodeNumber, _ body: (OpenFile) throws(FSError) -> Void) throws(FSError) -> Bool {
+        guard let open = attach(inode, writable: true) else { return false }
+        do {
+            try body(open)
+        } catch {
+            detach(open, writable: true)
+            throw error
+        }
+        let last = open.state.withLock { o in o.writers == 1 && o.readers == 0 }
+        if last {
+            // Nobody else will close this file: store the change now, as a path-based call must.
+            do {
+                try commit(open)
+            } catch {
+                detach(open, writable: true)
+                throw error
+            }
+        }
+        detach(open, writable: true)
+        return true
     }
 
     /// Drops a spool whose content is stored (or was unlinked), and the node if the kernel forgot it.
@@ -288,9 +317,7 @@ extension Filesystem {
                 s.nodes[inode] = n
                 return n
             }
-            if let open = state.withLock({ $0.openFiles[inode] }) {
-                open.markMetadataDirty()
-            } else {
+            if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
                 try persistAttributes(of: updated)
             }
         }
@@ -298,10 +325,7 @@ extension Filesystem {
     }
 
     private func truncate(_ node: Node, to size: Int64) throws(FSError) {
-        if let open = state.withLock({ $0.openFiles[node.inode] }) {
-            try open.truncate(to: size)
-            return
-        }
+        if try withSpool(of: node.inode, { (open) throws(FSError) in try open.truncate(to: size) }) { return }
         // No open handle (truncate(2) on a path): download, cut, store, done.
         let open = try makeSpool(for: node, download: size > 0)
         defer { open.discard() }

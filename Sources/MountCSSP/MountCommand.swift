@@ -35,10 +35,10 @@ enum MountCommand {
         }
         switch command {
         case .help:
-            LogSink.stderr(Arguments.usage + "\n")
+            print(Arguments.usage)
             return ExitStatus.success
         case .version:
-            LogSink.stderr("mount.cssp \(version)\n")
+            print("mount.cssp \(version)")
             return ExitStatus.success
         case .mount(let options):
             return mount(options)
@@ -79,6 +79,11 @@ enum MountCommand {
         }
         guard (st.st_mode & S_IFMT) == S_IFDIR else {
             return fail("mountpoint \(options.mountpoint) is not a directory", ExitStatus.usage)
+        }
+        if isCSSPMount(options.mountpoint) {
+            return fail(
+                "\(options.mountpoint) is already a csspfs mount: unmount it first (fusermount3 -u \(options.mountpoint))",
+                ExitStatus.usage)
         }
 
         let env = environment()
@@ -179,6 +184,21 @@ enum MountCommand {
         let rc = session.run()
         logger.info("unmounted \(options.mountpoint)")
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
+    }
+
+    /// Whether /proc/mounts lists a csspfs mount on `path` (stacking a second one hides the first).
+    static func isCSSPMount(_ path: String) -> Bool {
+        var resolved = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        guard realpath(path, &resolved) != nil, let file = fopen("/proc/mounts", "r") else { return false }
+        defer { fclose(file) }
+        let target = String(cString: resolved).split(separator: " ", omittingEmptySubsequences: false)
+            .joined(separator: "\\040")
+        var line = [CChar](repeating: 0, count: 8192)
+        while fgets(&line, Int32(line.count), file) != nil {
+            let fields = String(cString: line).split(separator: " ")
+            if fields.count > 2 && fields[1] == target && fields[2] == "fuse.cssp" { return true }
+        }
+        return false
     }
 
     /// `-o cache_dir`, else /var/cache/csspfs for root, else $XDG_CACHE_HOME/csspfs or ~/.cache/csspfs.

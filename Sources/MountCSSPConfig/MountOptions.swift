@@ -18,7 +18,7 @@ public struct MountOptions: Sendable, Equatable {
     public var negativeTimeout = 1.0
     public var directoryTimeout = 5.0
     public var maxThreads = 16
-    public var retries = 4
+    public var retries = 6
     public var connectTimeout = 10
     public var stallTimeout = 30
     public var readAheadMiB = 24
@@ -49,7 +49,7 @@ public enum Command: Sendable, Equatable {
 public enum Arguments {
     /// Options mount(8), fstab or systemd use that mean nothing to the filesystem itself.
     static let mountOnlyOptions: Set<String> = [
-        "_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner", "group", "defaults", "rw",
+        "_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner", "group", "defaults",
     ]
     /// Generic flags the kernel applies to any mount; passed through.
     static let kernelFlags: Set<String> = [
@@ -135,6 +135,7 @@ public enum Arguments {
         if mountOnlyOptions.contains(name) || name.hasPrefix("x-") || name == "comment" { return }
         switch name {
         case "ro": options.readOnly = true
+        case "rw": options.readOnly = false  // the last of ro/rw wins, as in mount(8)
         case "passwd_file": options.passwdFile = try needValue()
         case "allow_other": options.allowOther = true
         case "allow_root": options.allowRoot = true
@@ -176,7 +177,8 @@ public enum Arguments {
         flags:
           -f                     stay in the foreground (log to stderr)
           -d                     log every FUSE operation; implies -f
-          -s, -n, -v             accepted for mount(8); -v logs more
+          -s, -n                 accepted for mount(8), ignored
+          -v                     log mounts and unmounts (info level)
           -h, --help             this text;  -V, --version  the version
 
         options (-o):
@@ -198,12 +200,13 @@ public enum Arguments {
           part_size_mb=N         size of one part (default 32)
           upload_parallel=N      parts uploaded at once (default 4)
           max_threads=N          FUSE worker threads (default 16)
-          retries=N              retries of a failed idempotent request (default 4)
+          retries=N              retries of a failed idempotent request (default 6)
           connect_timeout=S      seconds to connect (default 10)
           stall_timeout=S        seconds without progress before a transfer fails (default 30)
           fsname=NAME            name in the mount table (default: the URL)
           nosuid,nodev,noexec,noatime,...  passed to the kernel
-          _netdev,nofail,noauto,auto,user,users,defaults,x-*,comment=  ignored (mount(8)/fstab)
+          _netdev,nofail,noauto,auto,user,users,nouser,owner,group,defaults,x-*,comment=
+                                 ignored (mount(8), fstab, systemd)
 
         credentials, first found: -o passwd_file, $CSSP_PASSWD_FILE, ~/.passwd-cssp, /etc/passwd-cssp,
         $CSSP_ACCESS_KEY_ID with $CSSP_SECRET_ACCESS_KEY.

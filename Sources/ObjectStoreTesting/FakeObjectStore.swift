@@ -73,8 +73,15 @@ public final class FakeObjectStore: ObjectStore {
         guard let object = objects[key], let bytes = content(key, in: objects) else {
             throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
         }
+        var etag = Self.etag(bytes)
+        if let manifest = object.manifest {
+            // As Swift: the ETag of a DLO is derived from its parts' ETags, in name order.
+            let partPrefix = String(manifest.dropFirst(containerName.count + 1))
+            let parts = objects.keys.filter { $0.utf8.starts(with: partPrefix.utf8) }.sorted(by: Self.byteOrder)
+            etag = manifestETag(partETags: parts.map { Self.etag(objects[$0]!.bytes) })
+        }
         return ObjectInfo(
-            key: key, size: Int64(bytes.count), etag: Self.etag(bytes), contentType: object.contentType,
+            key: key, size: Int64(bytes.count), etag: etag, contentType: object.contentType,
             lastModified: object.modified, metadata: object.metadata, manifest: object.manifest)
     }
 

@@ -1,0 +1,330 @@
+import Foundation
+import ObjectStore
+import ObjectStoreHTTP
+import Testing
+
+/// Writes through the real mount: everyday tools against a fresh container per test.
+@Suite(.serialized)
+struct WriteTests {
+    /// A new container and a mount of it with a private spool directory.
+    struct Scene {
+        let environment: Environment
+        let container: String
+        let cache: String
+        let store: HTTPObjectStoreHandle
+
+        init(_ name: String) throws {
+            environment = try Environment.load()
+            container = "w-\(name)-" + UUID().uuidString.prefix(6).lowercased()
+            store = HTTPObjectStoreHandle(environment.store(container: container))
+            try store.raw.createContainer()
+            cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        }
+
+        func mount(_ options: [String] = []) throws -> Mount {
+            try Mount(environment, container: container, options: ["cache_dir=" + cache] + options)
+        }
+
+        /// Spool data files of this mount.
+        func spoolFiles() throws -> [String] {
+            let result = try shell("find \(quoted(cache)) -name '*.data' 2>/dev/null")
+            return result.stdout.split(separator: "\n").map(String.init)
+        }
+
+        func cleanUp() { try? FileManager.default.removeItem(atPath: cache) }
+    }
+
+    /// A tree of a few hundred files from 0 B to a few MiB, empty dirs, symlinks, unicode names, modes.
+    static func makeTree(at root: String) throws {
+        let script = """
+            set -e
+            mkdir -p \(quoted(root)) && cd \(quoted(root))
+            mkdir -p docs/empty "ünïcödé dir" src/deep/er/still bin
+            for i in $(seq 1 240); do head -c $(( (i * 7919) % 20000 )) /dev/urandom > src/file$i.dat; done
+            for i in $(seq 1 6); do head -c $(( i * 700000 )) /dev/urandom > bin/big$i.bin; done
+            : > docs/zero-bytes
+            echo "naïve" > "ünïcödé dir/façade ✓.txt"
+            echo deep > src/deep/er/still/leaf
+            chmod 600 src/file1.dat; chmod 755 bin/big1.bin; chmod 700 src/deep
+            ln -s ../src/file2.dat docs/link-to-file
+            ln -s "../ünïcödé dir" docs/link-to-dir
+            touch -d '2001-02-03 04:05:06.789' docs/zero-bytes
+            """
+        let result = try shell(script)
+        guard result.status == 0 else { throw HarnessError("making the tree failed: \(result.stderr)") }
+    }
+
+    /// name, mode, mtime (ns), size (files only), type of everything below `root`.
+    static func statList(_ root: String) throws -> String {
+        try shell(
+            "cd \(quoted(root)) && find . -mindepth 1 \\( -type d -printf '%p %m %T@ - %y\\n' \\) -o -printf '%p %m %T@ %s %y\\n' | LC_ALL=C sort"
+        ).stdout
+    }
+
+    @Test func rsyncIntoTheMountIsCompleteAndIdempotentAcrossRemounts() throws {
+        let scene = try Scene("rsync")
+        defer { scene.cleanUp() }
+        let source = NSTemporaryDirectory() + "cssp-e2e-tree-" + scene.container
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        try Self.makeTree(at: source)
+        var mount = try scene.mount()
+        let first = try shell("rsync -a \(quoted(source + "/")) \(quoted(mount.path("tree/")))")
+        #expect(first.status == 0, "\(first.stderr)")
+        let again = try shell("rsync -a -i \(quoted(source + "/")) \(quoted(mount.path("tree/")))")
+        #expect(again.status == 0 && again.stdout.isEmpty, "second rsync transferred: \(again.stdout)")
+        let diff = try shell("diff -r \(quoted(source)) \(quoted(mount.path("tree")))")
+        #expect(diff.status == 0, "\(diff.stdout)\(diff.stderr)")
+        #expect(try mount.unmount() == 0)
+
+        mount = try scene.mount()
+        let afterRemount = try shell("rsync -a -i \(quoted(source + "/")) \(quoted(mount.path("tree/")))")
+        #expect(afterRemount.status == 0 && afterRemount.stdout.isEmpty, "after remount: \(afterRemount.stdout)")
+        #expect(try shell("diff -r \(quoted(source)) \(quoted(mount.path("tree")))").status == 0)
+        #expect(try Self.statList(source) == Self.statList(mount.path("tree")))
+        #expect(try mount.unmount() == 0)
+    }
+
+    @Test func tarExtractsIntoAndArchivesOutOfTheMount() throws {
+        let scene = try Scene("tar")
+        defer { scene.cleanUp() }
+        let work = NSTemporaryDirectory() + "cssp-e2e-tar-" + scene.container
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        try Self.makeTree(at: work + "/src")
+        let mount = try scene.mount()
+        let steps = try shell("""
+            set -e
+            cd \(quoted(work))
+            tar --numeric-owner -cf in.tar -C src .
+            mkdir \(quoted(mount.path("t")))
+            tar --numeric-owner -xpf in.tar -C \(quoted(mount.path("t")))
+            tar --numeric-owner -cf out.tar -C \(quoted(mount.path("t"))) .
+            mkdir back && tar -xpf out.tar -C back
+            diff -r src back
+            tar --numeric-owner -tvf in.tar | LC_ALL=C sort > in.list
+            tar --numeric-owner -tvf out.tar | LC_ALL=C sort > out.list
+            diff in.list out.list
+            """)
+        #expect(steps.status == 0, "\(steps.stdout)\(steps.stderr)")
+        #expect(try mount.unmount() == 0)
+    }
+
+    @Test func fileOver5GiBIsStoredInHiddenPartsAndRemovedCompletely() throws {
+        let scene = try Scene("big")
+        defer { scene.cleanUp() }
+        let local = NSTemporaryDirectory() + "cssp-e2e-6g-" + scene.container
+        defer { try? FileManager.default.removeItem(atPath: local) }
+        // 6 GiB, sparse, with random blocks at the start, across the 4 GiB and 5 GiB marks, and at the end.
+        let make = try shell("""
+            set -e
+            truncate -s 6G \(quoted(local))
+            for offset in 0 1000 4095 5119 6143; do
+                dd if=/dev/urandom of=\(quoted(local)) bs=1M count=1 seek=$offset conv=notrunc status=none
+            done
+            """)
+        #expect(make.status == 0, "\(make.stderr)")
+        let mount = try scene.mount()
+        let copy = try shell("cp \(quoted(local)) \(quoted(mount.path("six.bin")))")
+        #expect(copy.status == 0, "\(copy.stderr)")
+        #expect(try md5(mount.path("six.bin")) == md5(local))
+        let info = try scene.store.raw.head(key: "six.bin")
+        #expect(info.size == 6 << 30)
+        #expect(info.manifest != nil)
+        let parts = try scene.store.raw.listAll(prefix: ".cssp-parts/", delimiter: nil)
+        #expect(parts.count == 192)  // 6 GiB in 32 MiB parts
+        let visible = try shell("find \(quoted(mount.directory)) -mindepth 1")
+        #expect(visible.stdout == mount.path("six.bin") + "\n")
+        #expect(try shell("rm \(quoted(mount.path("six.bin")))").status == 0)
+        #expect(try scene.store.raw.listAll(prefix: "", delimiter: nil).isEmpty)
+        #expect(try mount.unmount() == 0)
+    }
+
+    @Test func randomWritesAppendsTruncatesAndEditsMatchAReference() throws {
+        let scene = try Scene("edit")
+        defer { scene.cleanUp() }
+        let reference = NSTemporaryDirectory() + "cssp-e2e-ref-" + scene.container
+        defer { try? FileManager.default.removeItem(atPath: reference) }
+        var mount = try scene.mount()
+        // The same operations on a local file and on the mount, by a real program.
+        let program = """
+            import os, random, sys
+            rng = random.Random(20261122)
+            def run(path):
+                r = random.Random(20261122)
+                with open(path, "wb") as f:
+                    f.write(os.urandom(0) + bytes(r.getrandbits(8) for _ in range(300000)))
+                fd = os.open(path, os.O_RDWR)
+                for _ in range(40):
+                    off = r.randrange(0, 400000); n = r.randrange(1, 9000)
+                    os.pwrite(fd, bytes(r.getrandbits(8) for _ in range(n)), off)
+                os.ftruncate(fd, 123457); os.ftruncate(fd, 200003)
+                os.fsync(fd); os.close(fd)
+                with open(path, "ab") as f: f.write(b"appended tail\\n")
+                fd = os.open(path, os.O_RDWR)
+                os.pwrite(fd, b"EDITED", 10); os.close(fd)
+                os.truncate(path, 150001)
+            run(sys.argv[1]); run(sys.argv[2])
+            """
+        let ran = try shell("/usr/bin/python3 -c \(quoted(program)) \(quoted(reference)) \(quoted(mount.path("edited.bin")))")
+        #expect(ran.status == 0, "\(ran.stderr)")
+        let expected = try md5(reference)
+        #expect(try md5(mount.path("edited.bin")) == expected)
+        #expect(try mount.unmount() == 0)
+        // What the server holds, through a fresh mount.
+        mount = try scene.mount()
+        #expect(try md5(mount.path("edited.bin")) == expected)
+        #expect(try mount.unmount() == 0)
+    }
+
+    @Test func editorStyleSavesKeepTheOriginalMode() throws {
+        let scene = try Scene("editor")
+        defer { scene.cleanUp() }
+        var mount = try scene.mount()
+        let file = mount.path("notes.txt")
+        let steps = try shell("""
+            set -e
+            printf 'first line\\nsecond line\\n' > \(quoted(file))
+            chmod 640 \(quoted(file))
+            sed -i 's/second/2nd/' \(quoted(file))
+            /usr/bin/python3 -c '
+            import os, sys
+            path = sys.argv[1]; tmp = os.path.join(os.path.dirname(path), ".notes.txt.swp")
+            mode = os.stat(path).st_mode & 0o7777
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.write(fd, b"first line\\n2nd line\\nthird line\\n"); os.fchmod(fd, mode); os.fsync(fd); os.close(fd)
+            os.rename(tmp, path)' \(quoted(file))
+            """)
+        #expect(steps.status == 0, "\(steps.stderr)")
+        #expect(try mount.unmount() == 0)
+        mount = try scene.mount()
+        let after = try shell("stat -c %a \(quoted(mount.path("notes.txt"))) && cat \(quoted(mount.path("notes.txt"))) && ls -A \(quoted(mount.directory))")
+        #expect(after.stdout == "640\nfirst line\n2nd line\nthird line\nnotes.txt\n", "\(after.stdout)")
+        #expect(try mount.unmount() == 0)
+    }
+
+    @Test func failedUploadIsAnErrorAtCloseAndTheBytesAreStoredLater() throws {
+        let scene = try Scene("fault")
+        defer { scene.cleanUp() }
+        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+        }
+        let mount = try scene.mount(["retries=1"])
+        try "PUT 503 /\(scene.container)/\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: faultFile) }
+        let writer = """
+            import sys
+            f = open(sys.argv[1], "w"); f.write("precious data\\n")
+            try:
+                f.close()
+            except OSError as e:
+                print("close failed:", e.errno); sys.exit(0)
+            print("close succeeded"); sys.exit(1)
+            """
+        let wrote = try shell("/usr/bin/python3 -c \(quoted(writer)) \(quoted(mount.path("precious.txt")))")
+        #expect(wrote.stdout == "close failed: 5\n", "\(wrote.stdout) \(wrote.stderr)")
+        #expect(try scene.spoolFiles().count == 1)
+        // The bytes are still readable through the mount while they wait.
+        #expect(try shell("cat \(quoted(mount.path("precious.txt")))").stdout == "precious data\n")
+        try FileManager.default.removeItem(atPath: faultFile)
+        // The background retry stores them: wait for that (bounded), then check the server's copy.
+        var stored: [UInt8]? = nil
+        let deadline = Date().addingTimeInterval(90)
+        while stored == nil && Date() < deadline {
+            stored = try? scene.store.raw.getBytes(key: "precious.txt", range: nil)
+            if stored == nil { usleep(200_000) }
+        }
+        #expect(stored.map { String(decoding: $0, as: UTF8.self) } == "precious data\n")
+        let spoolDeadline = Date().addingTimeInterval(10)
+        while try !scene.spoolFiles().isEmpty && Date() < spoolDeadline { usleep(100_000) }
+        #expect(try scene.spoolFiles().isEmpty)
+        #expect(try mount.unmount() == 0)
+    }
+
+    @Test func namespaceOperationsFollowPOSIX() throws {
+        let scene = try Scene("names")
+        defer { scene.cleanUp() }
+        let mount = try scene.mount()
+        let d = quoted(mount.directory)
+        let steps = try shell("""
+            set -e
+            cd \(d)
+            mkdir -p a/b && echo one > a/b/f && echo two > g
+            ! rmdir a 2>/dev/null
+            mv g a/b/g && test ! -e g && test "$(cat a/b/g)" = two
+            echo new > h && mv h a/b/f && test "$(cat a/b/f)" = new
+            mv a z && test "$(cat z/b/f)" = new && test ! -e a
+            mkdir empty && mv z/b/f empty/ && rm empty/f && rmdir empty
+            ! ln z/b/g hardlink 2>/dev/null
+            ln -s z/b/g sym && test "$(cat sym)" = two && test "$(readlink sym)" = z/b/g
+            ! mknod fifo p 2>/dev/null
+            """)
+        #expect(steps.status == 0, "\(steps.stdout)\(steps.stderr)")
+        let keys = try scene.store.raw.listAll(prefix: "", delimiter: nil).map(\.name)
+        #expect(keys == ["sym", "z/", "z/b/", "z/b/g"], "\(keys)")
+        #expect(try mount.unmount() == 0)
+    }
+}
+
+/// `HTTPObjectStore` is a class from a module the tests import; this keeps Scene Sendable-simple.
+struct HTTPObjectStoreHandle {
+    let raw: HTTPObjectStore
+    init(_ raw: HTTPObjectStore) { self.raw = raw }
+}
+
+/// mount(8) and fstab: the installed helper `/sbin/mount.cssp`.
+@Suite(.serialized)
+struct MountHelperTests {
+    static let helper = "/sbin/mount.cssp"
+
+    /// Links the built binary as mount(8)'s helper for the duration of `body`.
+    func withHelper(_ environment: Environment, _ body: () throws -> Void) throws {
+        var installed = false
+        if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: Self.helper) {
+            guard target == environment.binary else {
+                throw HarnessError("\(Self.helper) points at \(target), not the binary under test")
+            }
+        } else if FileManager.default.fileExists(atPath: Self.helper) {
+            throw HarnessError("\(Self.helper) exists and is not the binary under test; remove it to run this test")
+        } else {
+            try FileManager.default.createSymbolicLink(atPath: Self.helper, withDestinationPath: environment.binary)
+            installed = true
+        }
+        defer { if installed { try? FileManager.default.removeItem(atPath: Self.helper) } }
+        try body()
+    }
+
+    @Test func mountTypeCsspAndAnFstabLineMountAndUnmountCleanly() throws {
+        let fixture = try Fixture.get()
+        let env = fixture.environment
+        let directory = NSTemporaryDirectory() + "cssp-e2e-helper-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let url = env.serverURL + "/" + fixture.container
+        try withHelper(env) {
+            // mount -t, with an empty environment as systemd gives helpers.
+            let viaType = try shell(
+                "env -i /bin/mount -t cssp \(url) \(quoted(directory)) -o passwd_file=\(quoted(env.passwdFile)),_netdev,nofail")
+            #expect(viaType.status == 0, "\(viaType.stderr)")
+            #expect(isMounted(directory))
+            #expect(try shell("cat \(quoted(directory + "/tree/top.txt"))").stdout == "top\n")
+            #expect(try shell("umount \(quoted(directory))").status == 0)
+            #expect(!isMounted(directory))
+
+            let fstab = directory + ".fstab"
+            defer { try? FileManager.default.removeItem(atPath: fstab) }
+            try "\(url) \(directory) cssp _netdev,allow_other,passwd_file=\(env.passwdFile),noatime,x-systemd.automount,nofail 0 0\n"
+                .write(toFile: fstab, atomically: true, encoding: .utf8)
+            let viaFstab = try shell("env -i /bin/mount -T \(quoted(fstab)) \(quoted(directory))")
+            #expect(viaFstab.status == 0, "\(viaFstab.stderr)")
+            #expect(try shell("ls \(quoted(directory + "/tree"))").stdout.contains("top.txt"))
+            #expect(try shell("grep -c ' \(directory) fuse.cssp ' /proc/mounts").stdout == "1\n")
+            #expect(try shell("umount \(quoted(directory))").status == 0)
+            #expect(!isMounted(directory))
+
+            // A failing mount is a failing mount(8).
+            let bad = try shell("env -i /bin/mount -t cssp \(env.serverURL)/no-such-container \(quoted(directory)) -o passwd_file=\(quoted(env.passwdFile))")
+            #expect(bad.status != 0)
+            #expect(bad.stderr.contains("does not exist"), "\(bad.stderr)")
+            #expect(!isMounted(directory))
+        }
+    }
+}

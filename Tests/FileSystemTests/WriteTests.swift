@@ -1,0 +1,153 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// Writes through the filesystem core against the in-memory store: what gets stored, and what it costs.
+struct FilesystemWriteTests {
+    let caller = Caller(uid: 1000, gid: 100)
+
+    func makeFilesystem(_ store: FakeObjectStore, threshold: Int64 = 1 << 20, partSize: Int64 = 256 << 10) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
+        configuration.multipartThreshold = threshold
+        configuration.partSize = partSize
+        configuration.pendingRetrySeconds = 0.05
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    func write(_ fs: Filesystem, _ handle: UInt64, _ bytes: [UInt8], at offset: Int64 = 0) throws {
+        try bytes.withUnsafeBytes { try fs.write(handle: handle, offset: offset, bytes: $0) }
+    }
+
+    @Test func createWriteCloseIsOnePutWithAttributesInTheListing() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: "new.txt", mode: 0o640, caller: caller)
+        try write(fs, opened.handle, Array("hello".utf8))
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        #expect(store.counts.put == 1)
+        let stored = try #require(store.object("new.txt"))
+        #expect(stored.bytes == Array("hello".utf8))
+        #expect(stored.metadata["mode"] == "0640" && stored.metadata["uid"] == "1000" && stored.metadata["gid"] == "100")
+        #expect(stored.contentType.hasPrefix("application/octet-stream;cssp-mtime="))
+        // A fresh mount sees mode and owner from the listing alone.
+        let fresh = makeFilesystem(store)
+        let handle = try fresh.opendir(Filesystem.rootInode)
+        try fresh.readdir(Filesystem.rootInode, handle: handle, offset: 0) { _, _, _, _ in true }
+        store.resetCounts()
+        let seen = try fresh.lookup(parent: Filesystem.rootInode, name: "new.txt")
+        #expect(store.counts.head == 0)
+        #expect(seen.permissions == 0o640 && seen.uid == 1000 && seen.gid == 100 && seen.size == 5)
+        #expect(seen.modified == attributes.modified || seen.modified > attributes.modified)
+    }
+
+    @Test func largeFilesAreStoredInHiddenPartsAndOldPartsAreDeleted() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let content = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        for round in 0..<2 {
+            let opened: Filesystem.OpenResult
+            if round == 0 {
+                opened = try fs.create(parent: Filesystem.rootInode, name: "big", mode: 0o644, caller: caller).1
+            } else {
+                let inode = try fs.lookup(parent: Filesystem.rootInode, name: "big").inode
+                opened = try fs.open(inode, writable: true, truncate: true)
+            }
+            try write(fs, opened.handle, content)
+            try fs.flush(handle: opened.handle)
+            fs.release(handle: opened.handle)
+            let parts = store.keys.filter { $0.hasPrefix(".cssp-parts/") }
+            #expect(parts.count == 12, "round \(round): \(parts)")
+        }
+        #expect(store.object("big")?.bytes == content)
+        let handle = try fs.opendir(Filesystem.rootInode)
+        var names: [String] = []
+        try fs.readdir(Filesystem.rootInode, handle: handle, offset: 0) { name, _, _, _ in
+            names.append(name)
+            return true
+        }
+        #expect(names == [".", "..", "big"])
+        try fs.unlink(parent: Filesystem.rootInode, name: "big")
+        #expect(store.keys.isEmpty)
+    }
+
+    @Test func failedUploadIsReportedAndRetriedUntilStored() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let (_, opened) = try fs.create(parent: Filesystem.rootInode, name: "f", mode: 0o644, caller: caller)
+        try write(fs, opened.handle, Array("keep me".utf8))
+        store.failNextPuts(3)
+        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
+        fs.release(handle: opened.handle)
+        // The background retry stores it (bounded wait on the store, not a fixed sleep).
+        let deadline = Date().addingTimeInterval(10)
+        while store.object("f") == nil && Date() < deadline { usleep(10_000) }
+        #expect(store.object("f")?.bytes == Array("keep me".utf8))
+    }
+
+    @Test func renameOfAMultipartFileMovesOnlyItsManifest() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let (_, opened) = try fs.create(parent: Filesystem.rootInode, name: "a", mode: 0o644, caller: caller)
+        try write(fs, opened.handle, Array(repeating: 7, count: 2 << 20))
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        let parts = store.keys.filter { $0.hasPrefix(".cssp-parts/") }
+        store.resetCounts()
+        try fs.rename(parent: Filesystem.rootInode, name: "a", newParent: Filesystem.rootInode, newName: "b", noReplace: false)
+        #expect(store.counts.copy == 0)
+        #expect(store.keys.filter { $0.hasPrefix(".cssp-parts/") } == parts)
+        #expect(store.object("b")?.bytes.count == 2 << 20)
+        #expect(store.object("a") == nil)
+    }
+
+    @Test func chmodKeepsForeignMetadata() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "x")
+        _ = try store.post(key: "f", contentType: "text/plain", metadata: ["color": "blue"], manifest: nil)
+        let fs = makeFilesystem(store)
+        let inode = try fs.lookup(parent: Filesystem.rootInode, name: "f").inode
+        let attributes = try fs.setattr(inode, AttributeChanges(mode: 0o600, modified: Timestamp(seconds: 1_000_000_000, nanoseconds: 5)))
+        #expect(attributes.permissions == 0o600)
+        let stored = try #require(store.object("f"))
+        #expect(stored.metadata["color"] == "blue")
+        #expect(stored.metadata["mode"] == "0600")
+        #expect(stored.metadata["mtime"] == "1000000000.000000005")
+        #expect(stored.contentType.hasPrefix("text/plain;"))
+    }
+
+    @Test func rmdirOfANonEmptyDirectoryIsENOTEMPTY() throws {
+        let store = FakeObjectStore()
+        store.seed("d/child", text: "x")
+        let fs = makeFilesystem(store)
+        do {
+            try fs.rmdir(parent: Filesystem.rootInode, name: "d")
+            Issue.record("rmdir of a non-empty directory succeeded")
+        } catch {
+            #expect(error.code == .notEmpty)
+        }
+        let made = try fs.mkdir(parent: Filesystem.rootInode, name: "e", mode: 0o750, caller: caller)
+        #expect(made.kind == .directory && made.permissions == 0o750)
+        #expect(store.keys.contains("e/"))
+        try fs.rmdir(parent: Filesystem.rootInode, name: "e")
+        #expect(!store.keys.contains("e/"))
+    }
+
+    @Test func timestampsRoundTripExactly() {
+        let t = Timestamp(parsing: "1700000000.123456789")
+        #expect(t == Timestamp(seconds: 1_700_000_000, nanoseconds: 123_456_789))
+        #expect(t?.description == "1700000000.123456789")
+        #expect(Timestamp(parsing: "1700000000.5") == Timestamp(seconds: 1_700_000_000, nanoseconds: 500_000_000))
+        #expect(Timestamp(parsing: "12") == Timestamp(seconds: 12, nanoseconds: 0))
+        #expect(Timestamp(parsing: "x.5") == nil)
+        let parsed = StoredAttributes.parse(contentType: "text/plain; charset=utf-8;cssp-mode=0640;cssp-mtime=5.000000001")
+        #expect(parsed.base == "text/plain; charset=utf-8")
+        #expect(parsed.attributes.mode == 0o640)
+        #expect(parsed.attributes.mtime == Timestamp(seconds: 5, nanoseconds: 1))
+    }
+}
