@@ -144,7 +144,10 @@ extension Filesystem {
         }
         try open.write(bytes, at: offset)
         let now = Timestamp.now()
-        state.withLock { s in s.nodes[open.inode]?.stored.mtime = now }
+        state.withLock { s in
+            s.nodes[open.inode]?.stored.mtime = now
+            s.nodes[open.inode]?.attributeVersion += 1
+        }
     }
 
     /// flush (each close of a descriptor) and fsync: store the file if it changed.
@@ -314,6 +317,7 @@ extension Filesystem {
                 if let uid = changes.uid { n.stored.uid = uid }
                 if let gid = changes.gid { n.stored.gid = gid }
                 if let modified = changes.modified { n.stored.mtime = modified }
+                n.attributeVersion += 1
                 s.nodes[inode] = n
                 return n
             }
@@ -330,12 +334,24 @@ extension Filesystem {
         let open = try makeSpool(for: node, download: size > 0)
         defer { open.discard() }
         try open.truncate(to: size)
-        state.withLock { s in s.nodes[node.inode]?.stored.mtime = Timestamp.now() }
+        state.withLock { s in
+            s.nodes[node.inode]?.stored.mtime = Timestamp.now()
+            s.nodes[node.inode]?.attributeVersion += 1
+        }
         try commit(open)
     }
 
-    /// Writes a node's stored attributes to the server, keeping every other header.
-    func persistAttributes(of node: Node) throws(FSError) {
+    /// Writes a node's stored attributes to the server, keeping every other header. Updates of one
+    /// node are serialised and each sends the node's latest attributes, so two concurrent changes
+    /// (rsync's generator and receiver) cannot store an older state last.
+    func persistAttributes(of original: Node) throws(FSError) {
+        try attributeLocks[Int(original.inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) throws(FSError) in
+            guard let node = state.withLock({ $0.nodes[original.inode] }) else { return }
+            try persistAttributesLocked(node)
+        }
+    }
+
+    private func persistAttributesLocked(_ node: Node) throws(FSError) {
         do {
             switch node.kind {
             case .file, .symlink:

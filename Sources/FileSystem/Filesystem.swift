@@ -59,6 +59,9 @@ public final class Filesystem: Sendable {
         var symlinkTarget: String? = nil
         /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
         var extraMetadata: [String: String] = [:]
+        /// Bumped by every local attribute change. A HEAD that started before a change must not
+        /// overwrite it with what the server had then (`apply` checks).
+        var attributeVersion: UInt64 = 0
     }
 
     struct Listing {
@@ -88,6 +91,8 @@ public final class Filesystem: Sendable {
 
     /// Protects every table above.
     let state: Mutex<State>
+    /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST.
+    let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
 
     public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
         self.store = store
@@ -154,6 +159,7 @@ public final class Filesystem: Sendable {
 
     /// HEADs a file's object and stores what it says.
     func refresh(_ node: Node) throws(FSError) -> Node {
+        let version = state.withLock { $0.nodes[node.inode]?.attributeVersion } ?? node.attributeVersion
         let info: ObjectInfo
         do {
             info = try store.head(key: node.key)
@@ -162,17 +168,19 @@ public final class Filesystem: Sendable {
         }
         return state.withLock { s in
             var updated = s.nodes[node.inode] ?? node
-            apply(info, to: &updated)
+            apply(info, to: &updated, seenAtVersion: version)
             s.nodes[node.inode] = updated
             return updated
         }
     }
 
-    func apply(_ info: ObjectInfo, to node: inout Node) {
+    /// Takes what a HEAD said; the stored attributes only if no local change happened since the
+    /// HEAD was sent (`seenAtVersion`).
+    func apply(_ info: ObjectInfo, to node: inout Node, seenAtVersion version: UInt64) {
         node.size = info.size
         node.etag = info.etag
         node.lastModified = Timestamp(info.lastModified)
-        node.stored = StoredAttributes.of(info)
+        if node.attributeVersion == version { node.stored = StoredAttributes.of(info) }
         node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         node.manifest = info.manifest
         node.extraMetadata = info.metadata.filter { !Self.ownMetadataNames.contains($0.key) }
@@ -221,6 +229,7 @@ public final class Filesystem: Sendable {
         // Zero-byte files may be DLO manifests; directories keep their attributes on a marker.
         var info: ObjectInfo? = nil
         var markerChecked = false
+        let version = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0]?.attributeVersion } } ?? 0
         let needsHead = (entry.kind == .file && entry.size == 0) || entry.kind == .directory
         if needsHead {
             let known = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0] } }
@@ -238,13 +247,14 @@ public final class Filesystem: Sendable {
             }
         }
         return state.withLock { s in
-            self.link(entry, parent: parent, info: info, markerChecked: markerChecked, in: &s)
+            self.link(entry, parent: parent, info: info, markerChecked: markerChecked, version: version, in: &s)
         }
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
     private func link(
-        _ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, markerChecked: Bool, in s: inout State
+        _ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, markerChecked: Bool, version: UInt64,
+        in s: inout State
     ) -> Attributes {
         var node: Node
         if let existing = s.children[parent]?[entry.name], let old = s.nodes[existing], old.kind == entry.kind {
@@ -261,23 +271,25 @@ public final class Filesystem: Sendable {
         node.key = entry.key
         switch entry.kind {
         case .file, .symlink:
+            let unchanged = node.attributeVersion == version
             if let info {
-                apply(info, to: &node)
+                apply(info, to: &node, seenAtVersion: version)
             } else if entry.size > 0 || node.etag != entry.etag || node.confirmedAt == 0 {
                 let parsed = StoredAttributes.parse(contentType: entry.contentType)
                 node.size = entry.size
                 node.etag = entry.etag
                 node.lastModified = entry.lastModified
-                node.stored = parsed.attributes
+                if unchanged { node.stored = parsed.attributes }
                 node.baseContentType = parsed.base
                 node.confirmedAt = Self.now()
             }
         case .directory:
+            let unchanged = node.attributeVersion == version
             if let info {
-                node.stored = StoredAttributes.of(info)
+                if unchanged { node.stored = StoredAttributes.of(info) }
                 node.confirmedAt = Self.now()
             } else if markerChecked {
-                node.stored = StoredAttributes()
+                if unchanged { node.stored = StoredAttributes() }
                 node.confirmedAt = Self.now()
             }
         }

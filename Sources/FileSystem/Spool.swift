@@ -124,7 +124,7 @@ final class OpenFile: Sendable {
     /// Protects `State`.
     let state: Mutex<State>
     /// Serialises uploads of this file (held during network I/O on purpose).
-    let uploadLock = Mutex<Void>(())
+    let uploadLock = SerialLock()
 
     init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool) {
         self.inode = inode
@@ -192,5 +192,15 @@ final class OpenFile: Sendable {
     func discard() {
         close(fd)
         Spool.remove(dataPath: path)
+    }
+}
+
+/// A lock whose only job is to serialise a sequence of operations (held across network I/O on
+/// purpose; it guards no data, so it cannot be the kind of lock STYLE forbids holding there).
+final class SerialLock: Sendable {
+    private let mutex = Mutex<Void>(())
+
+    func withLock<T, E: Error>(_ body: (inout Void) throws(E) -> T) throws(E) -> T {
+        try mutex.withLock { (value: inout Void) throws(E) -> T in try body(&value) }
     }
 }

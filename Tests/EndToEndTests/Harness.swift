@@ -128,7 +128,10 @@ final class Mount {
             _ = waitForExit()
         }
         try? FileManager.default.removeItem(atPath: directory)
-        try? FileManager.default.removeItem(atPath: stderrPath)
+        // CSSP_E2E_KEEP_LOGS=1 keeps each daemon's stderr for debugging.
+        if ProcessInfo.processInfo.environment["CSSP_E2E_KEEP_LOGS"] == nil {
+            try? FileManager.default.removeItem(atPath: stderrPath)
+        }
     }
 }
 
