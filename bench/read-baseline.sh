@@ -8,17 +8,9 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$REPO"
-RUNS=${RUNS:-3}
-"$REPO/scripts/setup" >/dev/null
-"$REPO/scripts/cssp-server" start >/dev/null
-set -a
-# shellcheck disable=SC1091
-. "${CSSP_SERVER_DIR:-$REPO/.work/server}/env"
-set +a
+# shellcheck source=bench/common.sh
+. "$REPO/bench/common.sh"
 URL=$("$REPO/scripts/cssp-server" create-container bench)
-TOOL="$REPO/.build/release/cssp-tool"
-MOUNT="$REPO/.build/release/mount.cssp"
 MNT=$(mktemp -d /tmp/cssp-bench-XXXX)
 trap 'fusermount3 -u "$MNT" 2>/dev/null || true; rmdir "$MNT"' EXIT
 
@@ -33,7 +25,6 @@ if [ "$("$TOOL" "$URL" ls many/ | wc -l)" -ne 12000 ]; then
     "$TOOL" "$URL" put-many many/obj- 12000 1 16 >/dev/null
 fi
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 mount_it() { "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE" "$@"; }
 dd_mbs() { dd if="$1" of=/dev/null bs=1M 2>&1 | awk '/copied/ {for (i=1;i<=NF;i++) if ($i ~ /^s,?$/) t=$(i-1); print 1073.741824 / t}'; }
@@ -48,21 +39,20 @@ for _ in $(seq "$RUNS"); do
     fusermount3 -u "$MNT"
 
     mount_it
-    start=$(date +%s.%N)
+    start=$(now)
     n=$(ls -l "$MNT/many" | wc -l)
-    lsl+=("$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')")
+    lsl+=("$(since "$start")")
     [ "$n" -eq 12001 ] || { echo "ls -l saw $n lines" >&2; exit 1; }
     fusermount3 -u "$MNT"
 
-    start=$(date +%s.%N)
+    start=$(now)
     mount_it
     ls "$MNT" >/dev/null
-    first_ls+=("$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')")
+    first_ls+=("$(since "$start")")
     fusermount3 -u "$MNT"
 done
 
-printf '%-52s %10s   %s\n' "workload (median of $RUNS)" "value" "runs"
-row() { printf '%-52s %10.3f   %s\n' "$1" "$(printf '%s\n' "${@:2}" | median)" "${*:2}"; }
+header
 row "curl GET 1 GiB, MB/s (ceiling)" "${curl_get[@]}"
 row "dd read 1 GiB through the mount, cold, MB/s" "${cold[@]}"
 row "dd read 1 GiB again, same mount (page cache), MB/s" "${warm[@]}"

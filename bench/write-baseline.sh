@@ -7,17 +7,9 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$REPO"
-RUNS=${RUNS:-3}
-"$REPO/scripts/setup" >/dev/null
-"$REPO/scripts/cssp-server" start >/dev/null
-set -a
-# shellcheck disable=SC1091
-. "${CSSP_SERVER_DIR:-$REPO/.work/server}/env"
-set +a
+# shellcheck source=bench/common.sh
+. "$REPO/bench/common.sh"
 URL=$("$REPO/scripts/cssp-server" create-container bench-write)
-TOOL="$REPO/.build/release/cssp-tool"
-MOUNT="$REPO/.build/release/mount.cssp"
 MNT=$(mktemp -d /tmp/cssp-bench-w-XXXX)
 WORK=$(mktemp -d /tmp/cssp-bench-w-src-XXXX)
 CACHE=$(mktemp -d /tmp/cssp-bench-w-cache-XXXX)
@@ -27,9 +19,6 @@ head -c $((1 << 30)) /dev/urandom >"$WORK/1g"
 mkdir -p "$WORK/small"
 for i in $(seq 1000); do head -c 4096 /dev/urandom >"$WORK/small/f$i"; done
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN {print b - a}'; }
 mount_it() { "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE"; }
 
 curl_put=(); cp_in=(); create=(); rsync_first=(); rsync_again=()
@@ -55,8 +44,7 @@ PY
     "$TOOL" "$URL" rm-prefix "" >/dev/null
 done
 
-printf '%-58s %10s   %s\n' "workload (median of $RUNS)" "value" "runs"
-row() { printf '%-58s %10.3f   %s\n' "$1" "$(printf '%s\n' "${@:2}" | median)" "${*:2}"; }
+header
 row "curl PUT 1 GiB, MB/s (ceiling)" "${curl_put[@]}"
 row "cp 1 GiB into the mount (stored at close), MB/s" "${cp_in[@]}"
 row "create 1000 x 4 KiB files (stored at close), files/s" "${create[@]}"

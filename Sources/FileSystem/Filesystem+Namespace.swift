@@ -347,33 +347,23 @@ extension Filesystem {
         } catch {
             throw FSError(storeError: error, operation: "rename", path: directory.key)
         }
-        let firstError = Mutex<ObjectStoreError?>(nil)
-        let next = Atomic<Int>(0)
         let store = self.store
         let source = directory.key
-        DispatchQueue.concurrentPerform(iterations: max(1, min(8, keys.count))) { _ in
-            while firstError.withLock({ $0 == nil }) {
-                let index = next.add(1, ordering: .relaxed).oldValue
-                if index >= keys.count { return }
-                guard case .object(let summary) = keys[index] else { continue }
-                let newKey = destination + String(summary.key.dropFirst(source.count))
-                do throws(ObjectStoreError) {
-                    if summary.size == 0, let manifest = try store.head(key: summary.key).manifest {
-                        let info = try store.head(key: summary.key)
-                        let partPrefix = String(manifest.dropFirst(store.containerName.count + 1))
-                        try store.putManifest(
-                            key: newKey, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
-                    } else {
-                        try store.copy(from: summary.key, to: newKey, metadata: nil)
-                    }
-                    try store.delete(key: summary.key)
-                } catch {
-                    firstError.withLock { if $0 == nil { $0 = error } }
-                }
+        let failure = Concurrently.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
+            guard case .object(let summary) = keys[index] else { return }
+            let newKey = destination + String(summary.key.dropFirst(source.count))
+            // Only zero-byte objects can be DLO manifests; they move as manifests, not as bytes.
+            if summary.size == 0, case let info = try store.head(key: summary.key), let manifest = info.manifest {
+                let partPrefix = String(manifest.dropFirst(store.containerName.count + 1))
+                try store.putManifest(
+                    key: newKey, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
+            } else {
+                try store.copy(from: summary.key, to: newKey, metadata: nil)
             }
+            try store.delete(key: summary.key)
         }
-        if let error = firstError.withLock({ $0 }) {
-            throw FSError(storeError: error, operation: "rename (partly done)", path: directory.key)
+        if let failure {
+            throw FSError(storeError: failure, operation: "rename (partly done)", path: directory.key)
         }
         // An application/directory object named like the directory moves too.
         let typedMarker = String(source.dropLast())

@@ -40,28 +40,18 @@ struct Uploader {
         let partPrefix = Filesystem.partsPrefix + uploadID + "/"
         let count = Int((size + partSize - 1) / partSize)
         let etags = Mutex<[String?]>(Array(repeating: nil, count: count))
-        let firstError = Mutex<ObjectStoreError?>(nil)
-        let next = Atomic<Int>(0)
         let store = self.store
         let partSize = self.partSize
-        DispatchQueue.concurrentPerform(iterations: max(1, min(concurrency, count))) { _ in
-            while firstError.withLock({ $0 == nil }) {
-                let index = next.add(1, ordering: .relaxed).oldValue
-                if index >= count { return }
-                let offset = Int64(index) * partSize
-                do throws(ObjectStoreError) {
-                    let etag = try store.put(
-                        key: partPrefix + Uploader.partName(index + 1),
-                        body: .file(path: path, offset: offset, length: min(partSize, size - offset)),
-                        contentType: nil, metadata: [:])
-                    etags.withLock { $0[index] = etag }
-                } catch {
-                    firstError.withLock { if $0 == nil { $0 = error } }
-                }
-            }
+        let failure = Concurrently.forEach(count, width: concurrency) { (index) throws(ObjectStoreError) in
+            let offset = Int64(index) * partSize
+            let etag = try store.put(
+                key: partPrefix + Uploader.partName(index + 1),
+                body: .file(path: path, offset: offset, length: min(partSize, size - offset)),
+                contentType: nil, metadata: [:])
+            etags.withLock { $0[index] = etag }
         }
         do throws(ObjectStoreError) {
-            if let error = firstError.withLock({ $0 }) { throw error }
+            if let failure { throw failure }
             let partETags = etags.withLock { $0.compactMap { $0 } }
             try store.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
             let expected = store.manifestETag(partETags: partETags)
@@ -109,14 +99,9 @@ struct Uploader {
     /// Best-effort delete of every key below `prefix`.
     func deleteAll(prefix: String) {
         guard let keys = try? store.listAll(prefix: prefix, delimiter: nil).map(\.name) else { return }
-        let next = Atomic<Int>(0)
         let store = self.store
-        DispatchQueue.concurrentPerform(iterations: max(1, min(8, keys.count))) { _ in
-            while true {
-                let index = next.add(1, ordering: .relaxed).oldValue
-                if index >= keys.count { return }
-                _ = try? store.delete(key: keys[index])
-            }
+        _ = Concurrently.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
+            _ = try? store.delete(key: keys[index])
         }
     }
 }
