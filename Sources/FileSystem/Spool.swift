@@ -15,14 +15,33 @@ import Glibc
 final class Spool: Sendable {
     let directory: String
 
-    init(directory: String) throws(FSError) {
-        self.directory = directory
-        guard Spool.makeDirectories(directory) else {
-            throw FSError(
-                .ioError,
-                "cannot create the spool directory \(directory): \(String(cString: strerror(errno))); "
-                    + "choose another with -o cache_dir=")
+    /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until exit). When
+    /// another live mount of the same URL holds it, a private `directory.PID` is used instead, so
+    /// neither mount ever touches the other's spool files.
+    init(directory requested: String) throws(FSError) {
+        var directory = requested
+        guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
+        if !Spool.lock(directory) {
+            directory = requested + "." + String(getpid())
+            guard Spool.makeDirectories(directory), Spool.lock(directory) else { throw Spool.unusable(directory) }
         }
+        self.directory = directory
+    }
+
+    private static func unusable(_ directory: String) -> FSError {
+        FSError(
+            .ioError,
+            "cannot use the spool directory \(directory): \(String(cString: strerror(errno))); "
+                + "choose another with -o cache_dir=")
+    }
+
+    /// Locks `directory/.lock` for the life of the process (the descriptor is never closed).
+    private static func lock(_ directory: String) -> Bool {
+        let fd = open(directory + "/.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return false }
+        if flock(fd, LOCK_EX | LOCK_NB) == 0 { return true }
+        close(fd)
+        return false
     }
 
     private static func makeDirectories(_ path: String) -> Bool {
