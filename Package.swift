@@ -2,7 +2,7 @@
 // csspfs: mount a CSSP (OpenStack-Swift-based) object store container as a directory.
 //
 // Dependencies point downward only:
-//   MountCSSP -> FuseAdapter -> FileSystem -> ObjectStore
+//   MountCSSP -> FuseAdapter -> FileSystem -> ObjectStore, BlockCache
 //   MountCSSP -> ObjectStoreHTTP -> ObjectStore
 // FuseAdapter is the only module that sees libfuse; ObjectStoreHTTP the only one that sees libcurl.
 import PackageDescription
@@ -35,10 +35,15 @@ let package = Package(
             ]
         ),
         .target(name: "ObjectStoreTesting", dependencies: ["ObjectStore"]),
+        // The SQLite block cache: what is on disk. Knows objects only as names, ETags and blocks.
+        .target(
+            name: "BlockCache",
+            dependencies: ["CSQLite", .product(name: "Logging", package: "swift-log")]
+        ),
         .target(
             name: "FileSystem",
             dependencies: [
-                "ObjectStore",
+                "ObjectStore", "BlockCache",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -54,7 +59,7 @@ let package = Package(
         .executableTarget(
             name: "MountCSSP",
             dependencies: [
-                "FuseAdapter", "FileSystem", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3",
+                "FuseAdapter", "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -68,8 +73,15 @@ let package = Package(
 
         .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore"]),
         .testTarget(
+            name: "BlockCacheTests",
+            dependencies: ["BlockCache", .product(name: "Logging", package: "swift-log")]
+        ),
+        .testTarget(
             name: "FileSystemTests",
-            dependencies: ["FileSystem", "ObjectStore", "ObjectStoreTesting", .product(name: "Logging", package: "swift-log")]
+            dependencies: [
+                "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreTesting",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .testTarget(
             name: "FuseAdapterTests",

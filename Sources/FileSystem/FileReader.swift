@@ -1,3 +1,4 @@
+import BlockCache
 import Dispatch
 import ObjectStore
 import Synchronization
@@ -6,44 +7,61 @@ import Synchronization
 import Glibc
 #endif
 
-/// Reads one open file: ranged GETs with an in-memory, chunked read-ahead.
+/// Reads one open file: blocks from the block cache, else ranged GETs, with a read-ahead window
+/// that grows while the reader is sequential.
 ///
 /// Subtleties:
 /// 1. The kernel sends reads of a sequential reader concurrently and slightly out of order, so
 ///    "sequential" means "starts where some recent read ended", not strict succession.
-/// 2. A chunk being fetched is shared: a second read of it waits for the first fetch instead of
-///    issuing its own GET (`Chunk.wait`).
-/// 3. Random access (a read far from the last one) fetches exactly the bytes asked for and starts
-///    no read-ahead, so 4 KiB random reads cost 4 KiB GETs, not 8 MiB ones.
-/// 4. No lock is held during network I/O. Lock order: `FileReader.state`, then `Chunk.state`.
+/// 2. Every fetch is block-aligned and stores its blocks in the cache. A block being fetched is
+///    shared: a second read of it waits for the first fetch (`Block.wait`) instead of its own GET.
+/// 3. From the second sequential read on, the window doubles per read, from one block up to
+///    `maximumWindow` (mountpoint-s3's ramp), and blocks not cached are fetched ahead, several GETs
+///    of up to `fetchSize` at once. A random read resets the window and fetches only its own block(s).
+/// 4. Without a cache, a random read fetches exactly the bytes asked for (nothing would keep the rest).
+/// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
 final class FileReader: Sendable {
     let key: String
     let size: Int64
     let etag: String
     let isManifest: Bool
     private let store: any ObjectStore
-    private let chunkSize: Int64
-    private let readAheadChunks: Int
+    private let cache: BlockCache?
+    private let cacheObject: BlockCache.Object
+    private let blockSize: Int64
+    private let fetchSize: Int64
+    private let maximumWindow: Int64
 
     private struct State {
-        /// Chunks fetched or being fetched, by index.
-        var chunks: [Int64: Chunk] = [:]
+        /// Blocks fetched or being fetched for this handle, by index.
+        var blocks: [Int64: Block] = [:]
         /// Ends of the last few reads (to recognise a sequential reader).
         var recentEnds: [Int64] = [0]
         var sequentialRun = 0
+        /// Bytes read ahead of a sequential reader; 0 when random.
+        var window: Int64 = 0
+        /// Read-ahead has been started for blocks below this index.
+        var aheadEnd: Int64 = 0
     }
 
-    /// Protects the chunk table and the access pattern.
+    /// Protects the block table and the access pattern.
     private let state = Mutex(State())
 
-    init(store: any ObjectStore, key: String, size: Int64, etag: String, isManifest: Bool, chunkSize: Int, readAheadChunks: Int) {
+    init(
+        store: any ObjectStore, key: String, size: Int64, etag: String, isManifest: Bool,
+        cache: BlockCache?, cacheName: String, fetchSize: Int, maximumWindow: Int
+    ) {
         self.store = store
         self.key = key
         self.size = size
         self.etag = etag
         self.isManifest = isManifest
-        self.chunkSize = Int64(chunkSize)
-        self.readAheadChunks = readAheadChunks
+        // An object without an ETag has no version to check cached blocks against.
+        self.cache = etag.isEmpty ? nil : cache
+        self.cacheObject = BlockCache.Object(name: cacheName, etag: etag)
+        self.blockSize = Int64(cache?.blockSize ?? min(fetchSize, 1 << 20))
+        self.fetchSize = max(Int64(fetchSize) / blockSize, 1) * blockSize
+        self.maximumWindow = Int64(maximumWindow)
     }
 
     /// Reads up to `length` bytes at `offset` and hands them to `reply` (empty at or past EOF).
@@ -53,77 +71,127 @@ final class FileReader: Sendable {
             return
         }
         let end = min(size, offset + Int64(length))
-        let first = offset / chunkSize
-        let last = (end - 1) / chunkSize
+        let first = offset / blockSize
+        let last = (end - 1) / blockSize
 
-        let plan: (needed: [Chunk], mine: [Chunk], prefetch: [Chunk])? = state.withLock { s in
-            let sequential = s.recentEnds.contains(offset) || s.chunks[first] != nil
+        let (sequential, known): (Bool, [Int64: Block]) = state.withLock { s in
+            let sequential = s.recentEnds.contains(offset) || s.blocks[first] != nil
             s.recentEnds.append(end)
             if s.recentEnds.count > 8 { s.recentEnds.removeFirst() }
             s.sequentialRun = sequential ? s.sequentialRun + 1 : 0
-            guard sequential else { return nil }
-            var needed: [Chunk] = []
-            var mine: [Chunk] = []
-            for index in first...last {
-                if let chunk = s.chunks[index] {
-                    needed.append(chunk)
-                } else {
-                    let chunk = Chunk(index: index)
-                    s.chunks[index] = chunk
-                    needed.append(chunk)
-                    mine.append(chunk)
-                }
+            if s.sequentialRun >= 2 {
+                s.window = min(maximumWindow, max(blockSize, s.window * 2))
+            } else if !sequential {
+                s.window = 0
             }
-            var prefetch: [Chunk] = []
-            // Read ahead from the second sequential read on: one read (`file`, `head -c`) is not a stream.
-            let depth = min(readAheadChunks, s.sequentialRun - 1)
-            let lastIndex = (size - 1) / chunkSize
-            if depth > 0 {
-                for index in (last + 1)...(last + Int64(depth)) where index <= lastIndex && s.chunks[index] == nil {
-                    let chunk = Chunk(index: index)
-                    s.chunks[index] = chunk
-                    prefetch.append(chunk)
-                }
-            }
-            // Chunks behind the reader are done with.
-            for index in s.chunks.keys where index < first - 1 { s.chunks[index] = nil }
-            return (needed, mine, prefetch)
+            var known: [Int64: Block] = [:]
+            for index in first...last { known[index] = s.blocks[index] }
+            // Blocks behind the reader are done with.
+            for index in s.blocks.keys where index < first - 1 { s.blocks[index] = nil }
+            return (sequential, known)
         }
-
-        guard let plan else {
+        if cache == nil && !sequential && known.isEmpty {
             try readDirect(offset: offset, end: end, reply: reply)
             return
         }
-        for chunk in plan.prefetch {
-            DispatchQueue.global().async { self.load(chunk) }
-        }
-        for chunk in plan.mine { load(chunk) }
 
-        var pieces: [Chunk.Data] = []
-        for chunk in plan.needed {
-            switch chunk.wait() {
-            case .success(let data): pieces.append(data)
+        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(end - offset), alignment: 16)
+        defer { output.deallocate() }
+        // Which part of block `index` this read needs, and where it goes in `output`.
+        func slice(_ index: Int64) -> (range: Range<Int>, at: Int) {
+            let lower = max(offset, index * blockSize)
+            let upper = min(end, (index + 1) * blockSize)
+            return (Int(lower - index * blockSize)..<Int(upper - index * blockSize), Int(lower - offset))
+        }
+        var waiting: [Int64: Block] = known
+        var missing: [Int64] = []
+        for index in first...last where known[index] == nil {
+            let (range, at) = slice(index)
+            if let cache, cache.read(cacheObject, block: index, range: range, into: output.baseAddress! + at) {
+                continue
+            }
+            missing.append(index)
+        }
+        let mine: [Int64] = state.withLock { s in
+            var mine: [Int64] = []
+            for index in missing {
+                if let block = s.blocks[index] {
+                    waiting[index] = block
+                } else {
+                    let block = Block(index: index)
+                    s.blocks[index] = block
+                    waiting[index] = block
+                    mine.append(index)
+                }
+            }
+            return mine
+        }
+        if sequential { readAhead(after: last) }
+        for run in Self.runs(mine, longest: Int(fetchSize / blockSize)) {
+            load(run.map { waiting[$0]! })
+        }
+        for (index, block) in waiting {
+            switch block.wait() {
+            case .success(let bytes):
+                let (range, at) = slice(index)
+                bytes.buffer.withBytes((bytes.range.lowerBound + range.lowerBound)..<(bytes.range.lowerBound + range.upperBound)) {
+                    (output.baseAddress! + at).copyMemory(from: $0.baseAddress!, byteCount: $0.count)
+                }
             case .failure(let error):
                 state.withLock { s in
-                    if s.chunks[chunk.index] === chunk { s.chunks[chunk.index] = nil }
+                    if s.blocks[index] === block { s.blocks[index] = nil }
                 }
                 throw error
             }
         }
-        if pieces.count == 1 {
-            let data = pieces[0]
-            let start = Int(offset - data.offset)
-            data.withBytes(start..<Int(end - data.offset), reply)
-            return
+        if !sequential {
+            // A random read's blocks are not kept in memory: the cache has them.
+            state.withLock { s in
+                for index in mine where s.blocks[index] === waiting[index] { s.blocks[index] = nil }
+            }
         }
-        var joined = [UInt8]()
-        joined.reserveCapacity(Int(end - offset))
-        for data in pieces {
-            let lower = max(offset, data.offset)
-            let upper = min(end, data.offset + Int64(data.count))
-            data.withBytes(Int(lower - data.offset)..<Int(upper - data.offset)) { joined.append(contentsOf: $0) }
+        reply(UnsafeRawBufferPointer(output))
+    }
+
+    /// Starts fetches of the blocks in the read-ahead window past block `last` that are neither
+    /// cached nor already being fetched.
+    private func readAhead(after last: Int64) {
+        let lastIndex = (size - 1) / blockSize
+        let candidates: [Int64] = state.withLock { s in
+            guard s.window > 0 else { return [] }
+            let target = min(lastIndex, last + s.window / blockSize)
+            let start = max(s.aheadEnd, last + 1)
+            guard start <= target else { return [] }
+            s.aheadEnd = target + 1
+            return (start...target).filter { s.blocks[$0] == nil }
         }
-        joined.withUnsafeBytes(reply)
+        guard !candidates.isEmpty else { return }
+        let uncached = cache.map { cache in candidates.filter { !cache.contains(cacheObject, block: $0) } } ?? candidates
+        let runs: [[Block]] = state.withLock { s in
+            Self.runs(uncached.filter { s.blocks[$0] == nil }, longest: Int(fetchSize / blockSize)).map { run in
+                run.map { index in
+                    let block = Block(index: index)
+                    s.blocks[index] = block
+                    return block
+                }
+            }
+        }
+        for run in runs {
+            DispatchQueue.global().async { self.load(run) }
+        }
+    }
+
+    /// Groups ascending block indexes into runs of consecutive ones, each at most `longest` long.
+    static func runs(_ indexes: [Int64], longest: Int) -> [[Int64]] {
+        var runs: [[Int64]] = []
+        for index in indexes.sorted() {
+            if let previous = runs.last?.last, previous == index - 1, runs[runs.count - 1].count < longest {
+                runs[runs.count - 1].append(index)
+            } else {
+                runs.append([index])
+            }
+        }
+        return runs
     }
 
     private func readDirect(offset: Int64, end: Int64, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
@@ -131,21 +199,29 @@ final class FileReader: Sendable {
         bytes.withBytes(0..<bytes.count, reply)
     }
 
-    private func load(_ chunk: Chunk) {
-        let lower = chunk.index * chunkSize
-        let upper = min(size, lower + chunkSize) - 1
+    /// Fetches consecutive blocks with one GET, finishes them, and offers them to the cache.
+    private func load(_ run: [Block]) {
+        guard let head = run.first, let tail = run.last else { return }
+        let lower = head.index * blockSize
+        let upper = min(size, (tail.index + 1) * blockSize) - 1
         do throws(FSError) {
-            chunk.finish(.success(try fetch(ByteRange(lower: lower, upper: upper))))
+            let buffer = try fetch(ByteRange(lower: lower, upper: upper))
+            for block in run {
+                let start = Int((block.index - head.index) * blockSize)
+                let range = start..<min(buffer.count, start + Int(blockSize))
+                cache?.store(cacheObject, block: block.index, bytes: buffer, range: range)
+                block.finish(.success(Block.Bytes(buffer: buffer, range: range)))
+            }
         } catch {
-            chunk.finish(.failure(error))
+            for block in run { block.finish(.failure(error)) }
         }
     }
 
-    private func fetch(_ range: ByteRange) throws(FSError) -> Chunk.Data {
-        let data = Chunk.Data(offset: range.lower, capacity: Int(range.length))
+    private func fetch(_ range: ByteRange) throws(FSError) -> ByteBuffer {
+        let buffer = ByteBuffer(capacity: Int(range.length))
         let info: ObjectInfo
         do {
-            info = try store.get(key: key, range: range) { data.append($0) }
+            info = try store.get(key: key, range: range) { buffer.append($0) }
         } catch {
             throw FSError(storeError: error, operation: "read", path: key)
         }
@@ -154,55 +230,34 @@ final class FileReader: Sendable {
         if !isManifest && !info.etag.isEmpty && info.etag != etag {
             throw FSError(.stale, "read '\(key)': the object changed on the server while it was open")
         }
-        guard data.count == Int(range.length) else {
+        guard buffer.count == Int(range.length) else {
             throw FSError(
-                .ioError, "read '\(key)': expected \(range.length) bytes at \(range.lower), got \(data.count)")
+                .ioError, "read '\(key)': expected \(range.length) bytes at \(range.lower), got \(buffer.count)")
         }
-        return data
+        return buffer
     }
 }
 
-/// One aligned piece of an object, fetched once and shared by the reads that need it.
-final class Chunk: Sendable {
-    /// Bytes of a fetched range, in one malloc'd block (a growing [UInt8] costs measurably more).
-    final class Data: @unchecked Sendable {  // Written only by the fetching thread before `finish`.
-        let offset: Int64
-        private let storage: UnsafeMutableRawBufferPointer
-        private(set) var count = 0
-
-        init(offset: Int64, capacity: Int) {
-            self.offset = offset
-            storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 1), alignment: 16)
-        }
-
-        deinit { storage.deallocate() }
-
-        func append(_ bytes: UnsafeRawBufferPointer) {
-            let n = min(bytes.count, storage.count - count)
-            guard n > 0 else { return }
-            (storage.baseAddress! + count).copyMemory(from: bytes.baseAddress!, byteCount: n)
-            count += n
-        }
-
-        func withBytes(_ range: Range<Int>, _ body: (UnsafeRawBufferPointer) -> Void) {
-            let upper = min(range.upperBound, count)
-            let lower = min(range.lowerBound, upper)
-            body(UnsafeRawBufferPointer(rebasing: storage[lower..<upper]))
-        }
+/// One block of an object, fetched once and shared by the reads that need it.
+final class Block: Sendable {
+    /// Where the block's bytes are: a range of the buffer of the GET that fetched it.
+    struct Bytes: Sendable {
+        var buffer: ByteBuffer
+        var range: Range<Int>
     }
 
     let index: Int64
-    private let state = Mutex<Result<Data, FSError>?>(nil)
+    private let state = Mutex<Result<Bytes, FSError>?>(nil)
     private let latch = Latch()
 
     init(index: Int64) { self.index = index }
 
-    func finish(_ result: Result<Data, FSError>) {
+    func finish(_ result: Result<Bytes, FSError>) {
         state.withLock { $0 = result }
         latch.open()
     }
 
-    func wait() -> Result<Data, FSError> {
+    func wait() -> Result<Bytes, FSError> {
         latch.wait()
         return state.withLock { $0! }
     }

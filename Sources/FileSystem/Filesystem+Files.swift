@@ -1,3 +1,4 @@
+import BlockCache
 import Dispatch
 import ObjectStore
 
@@ -23,6 +24,9 @@ extension Filesystem {
             store: store, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
             concurrency: configuration.uploadConcurrency)
     }
+
+    /// The name of `key`'s blocks in the block cache.
+    func cacheName(_ key: String) -> String { configuration.cacheIdentity + "/" + key }
 
     private func register(_ handle: Handle) -> UInt64 {
         state.withLock { s in
@@ -53,7 +57,8 @@ extension Filesystem {
         guard writable || truncate else {
             let reader = FileReader(
                 store: store, key: node.key, size: node.size, etag: node.etag, isManifest: node.manifest != nil,
-                chunkSize: configuration.readChunkSize, readAheadChunks: configuration.readAheadChunks)
+                cache: configuration.blockCache, cacheName: cacheName(node.key),
+                fetchSize: configuration.readFetchSize, maximumWindow: configuration.readAheadWindow)
             let handle = register(.remote(reader))
             let keep = state.withLock { s in
                 let keep = s.nodes[inode]?.cachedEtag == node.etag
@@ -288,6 +293,47 @@ extension Filesystem {
                 current.lastModified = Timestamp.now()
                 s.nodes[open.inode] = current
                 updateListing(current.parent, name: current.name, entry: entry(for: current), in: &s)
+            }
+            if snapshot.dataDirty {
+                seedCache(from: open, generation: snapshot.generation, size: snapshot.size, key: node.key, etag: etag)
+            }
+        }
+    }
+
+    /// Returns when cache seeding started so far is written (tests; unmount).
+    public func waitForCacheWrites() {
+        seeding.wait()
+        configuration.blockCache?.waitUntilWritten()
+    }
+
+    /// Offers what was just stored to the block cache, in the background, so that reading it back
+    /// (after the kernel dropped its pages, or from the next mount) needs no GET. Stops at the
+    /// first sign of a newer change: blocks must hold exactly the bytes of `etag`.
+    func seedCache(from open: OpenFile, generation: UInt64, size: Int64, key: String, etag: String) {
+        guard let cache = configuration.blockCache, size > 0, size <= cache.capacity / 4, !etag.isEmpty else { return }
+        let fd = dup(open.fd)
+        guard fd >= 0 else { return }
+        let object = BlockCache.Object(name: cacheName(key), etag: etag)
+        DispatchQueue.global(qos: .utility).async(group: seeding) {
+            defer { close(fd) }
+            let blockSize = Int64(cache.blockSize)
+            var index: Int64 = 0
+            while index * blockSize < size {
+                let count = Int(min(blockSize, size - index * blockSize))
+                let buffer = ByteBuffer(capacity: count)
+                let offset = index * blockSize
+                while buffer.count < count {
+                    var n = 0
+                    buffer.fill { space in
+                        n = pread(fd, space.baseAddress!, count - buffer.count, off_t(offset + Int64(buffer.count)))
+                        return max(n, 0)
+                    }
+                    if n < 0 && errno == EINTR { continue }
+                    if n <= 0 { return }
+                }
+                guard open.isUnchanged(since: generation) else { return }
+                cache.store(object, block: index, bytes: buffer, range: 0..<count, waitForRoom: true)
+                index += 1
             }
         }
     }

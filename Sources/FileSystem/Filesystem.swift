@@ -1,3 +1,4 @@
+import Dispatch
 import Logging
 import ObjectStore
 import Synchronization
@@ -91,6 +92,8 @@ public final class Filesystem: Sendable {
 
     /// Protects every table above.
     let state: Mutex<State>
+    /// Background cache seeding under way (`waitForCacheWrites`).
+    let seeding = DispatchGroup()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST.
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
 

@@ -132,6 +132,8 @@ final class OpenFile: Sendable {
         var metadataDirty = false
         /// Bumped by every change, so an upload knows whether it stored the latest state.
         var generation: UInt64 = 0
+        /// Writes or truncations under way (their bytes may be in the file before `generation` moves).
+        var changesInProgress = 0
         var writers = 0
         var readers = 0
         /// The file was unlinked while open: its bytes are never uploaded.
@@ -155,6 +157,13 @@ final class OpenFile: Sendable {
     var size: Int64 { state.withLock { $0.size } }
 
     func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FSError) {
+        state.withLock { $0.changesInProgress += 1 }
+        defer {
+            state.withLock { s in
+                s.changesInProgress -= 1
+                s.generation += 1
+            }
+        }
         var done = 0
         while done < bytes.count {
             let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
@@ -167,17 +176,27 @@ final class OpenFile: Sendable {
         state.withLock { s in
             s.size = max(s.size, offset + Int64(bytes.count))
             s.dataDirty = true
-            s.generation += 1
         }
     }
 
     func truncate(to size: Int64) throws(FSError) {
+        state.withLock { $0.changesInProgress += 1 }
+        defer {
+            state.withLock { s in
+                s.changesInProgress -= 1
+                s.generation += 1
+            }
+        }
         guard ftruncate(fd, off_t(size)) == 0 else { throw Spool.error("truncate spool \(path)") }
         state.withLock { s in
             s.size = size
             s.dataDirty = true
-            s.generation += 1
         }
+    }
+
+    /// Whether the spool holds exactly what it held at `generation` (no change since, none under way).
+    func isUnchanged(since generation: UInt64) -> Bool {
+        state.withLock { $0.generation == generation && $0.changesInProgress == 0 }
     }
 
     func markMetadataDirty() {

@@ -1,3 +1,5 @@
+import BlockCache
+
 /// Inode numbers as the kernel sees them. 1 is the root.
 public typealias InodeNumber = UInt64
 
@@ -72,10 +74,15 @@ public struct FilesystemConfiguration: Sendable {
     public var directoryCacheSeconds: Double = 5
     /// How long a file's size and ETag are trusted before open/getattr ask the server again.
     public var attributeCacheSeconds: Double = 1
-    /// Bytes fetched by one GET of sequential read-ahead.
-    public var readChunkSize: Int = 8 << 20
-    /// Chunks fetched ahead of a sequential reader.
-    public var readAheadChunks: Int = 3
+    /// At most this many bytes are fetched by one GET of sequential read-ahead.
+    public var readFetchSize: Int = 8 << 20
+    /// The largest read-ahead window of a sequential reader, in bytes (0: no read-ahead).
+    public var readAheadWindow: Int = 32 << 20
+    /// Where fetched blocks are kept (nil: not kept beyond the open handle).
+    public var blockCache: BlockCache? = nil
+    /// Names this mount's store in the block cache (URL and container), so that mounts of
+    /// different containers can share one cache.
+    public var cacheIdentity: String = ""
     /// Entries per listing request (the protocol allows at most 10 000).
     public var listPageSize: Int = 10_000
     /// The time shown for directories, which have none of their own (the mount's start).

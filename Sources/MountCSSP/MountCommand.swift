@@ -1,4 +1,5 @@
 import CFuse3
+import BlockCache
 import FileSystem
 import FuseAdapter
 import Logging
@@ -137,7 +138,12 @@ enum MountCommand {
         fsConfiguration.directoryCacheSeconds = options.directoryTimeout
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
         fsConfiguration.directoryTime = Timestamp.now()
-        fsConfiguration.readAheadChunks = options.readAheadMiB / (fsConfiguration.readChunkSize >> 20)
+        fsConfiguration.readAheadWindow = options.readAheadMiB << 20
+        fsConfiguration.blockCache = BlockCache.open(
+            path: cacheDirectory(options, env) + "/blocks.db", capacity: options.cacheSize,
+            blockSize: options.cacheBlockKiB << 10, logger: logger)
+        // Credentials are not part of it: blocks are also checked by ETag, which is the content's MD5.
+        fsConfiguration.cacheIdentity = options.endpoint.baseURL + "/" + options.endpoint.container
         fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
         fsConfiguration.partSize = Int64(options.partSizeMiB) << 20
         fsConfiguration.uploadConcurrency = options.uploadParallelism

@@ -21,7 +21,10 @@ public struct MountOptions: Sendable, Equatable {
     public var retries = 6
     public var connectTimeout = 10
     public var stallTimeout = 30
-    public var readAheadMiB = 24
+    public var readAheadMiB = 32
+    /// Bytes the block cache may hold (0: no cache).
+    public var cacheSize: Int64 = 1 << 30
+    public var cacheBlockKiB = 1024
     /// Spool files live below this directory (nil: the default for the user).
     public var cacheDirectory: String? = nil
     public var multipartThresholdMiB = 64
@@ -128,6 +131,20 @@ public enum Arguments {
             }
             return v
         }
+        func byteCount() throws(ConfigurationError) -> Int64 {
+            let text = try needValue()
+            let units: [Character: Int64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+            var digits = Substring(text)
+            var unit: Int64 = 1 << 20
+            if let last = digits.last?.uppercased().first, let scale = units[last] {
+                unit = scale
+                digits = digits.dropLast()
+            }
+            guard let v = Int64(digits), v >= 0, v <= (Int64.max >> 41) else {
+                throw ConfigurationError("option '\(name)' needs a size such as 500M, 2G or 0, not '\(text)'")
+            }
+            return v * unit
+        }
         if kernelFlags.contains(name) && value == nil {
             options.kernelFlags.append(name)
             return
@@ -157,6 +174,13 @@ public enum Arguments {
         case "connect_timeout": options.connectTimeout = try integer(1...600)
         case "stall_timeout": options.stallTimeout = try integer(1...3600)
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
+        case "cache_size": options.cacheSize = try byteCount()
+        case "cache_block_kb":
+            let kib = try integer(64...16384)
+            guard kib & (kib - 1) == 0 else {
+                throw ConfigurationError("option 'cache_block_kb' needs a power of two (64, 128, … 16384), not '\(kib)'")
+            }
+            options.cacheBlockKiB = kib
         case "cache_dir": options.cacheDirectory = try needValue()
         case "multipart_threshold_mb": options.multipartThresholdMiB = try integer(1...5120)
         case "part_size_mb": options.partSizeMiB = try integer(1...5120)
@@ -193,8 +217,11 @@ public enum Arguments {
           entry_timeout=S        seconds the kernel caches names (default 1)
           negative_timeout=S     seconds the kernel caches "no such file" (default 1)
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
-          readahead_mb=N         sequential read-ahead in MiB, 0 = off (default 24)
-          cache_dir=PATH         where files being written are spooled (default /var/cache/csspfs for
+          readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 32)
+          cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
+                                 cache (default 1G)
+          cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)
+          cache_dir=PATH         block cache and spool of files being written (default /var/cache/csspfs for
                                  root, else $XDG_CACHE_HOME/csspfs or ~/.cache/csspfs)
           multipart_threshold_mb=N  files larger than this are uploaded in parts (default 64)
           part_size_mb=N         size of one part (default 32)

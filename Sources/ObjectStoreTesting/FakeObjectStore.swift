@@ -21,11 +21,22 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     struct Object {
-        var bytes: [UInt8]
+        /// The content; its ETag is computed once per change (tests HEAD large objects often).
+        var bytes: [UInt8] { didSet { etag = FakeObjectStore.etag(bytes) } }
+        private(set) var etag: String
         var contentType: String
         var metadata: [String: String]
         var manifest: String?
         var modified: Double
+
+        init(bytes: [UInt8], contentType: String, metadata: [String: String], manifest: String?, modified: Double) {
+            self.bytes = bytes
+            self.etag = FakeObjectStore.etag(bytes)
+            self.contentType = contentType
+            self.metadata = metadata
+            self.manifest = manifest
+            self.modified = modified
+        }
     }
 
     public let containerName: String
@@ -49,10 +60,12 @@ public final class FakeObjectStore: ObjectStore {
 
     public func seed(_ key: String, text: String) { seed(key, Array(text.utf8)) }
 
-    private static func etag(_ bytes: [UInt8]) -> String {
+    fileprivate static func etag(_ bytes: [UInt8]) -> String {
         // Not MD5: any content-derived value serves for change detection in tests.
         var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        for b in bytes { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        bytes.withUnsafeBufferPointer { buffer in
+            for b in buffer { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+        }
         return String(h, radix: 16)
     }
 
@@ -73,12 +86,12 @@ public final class FakeObjectStore: ObjectStore {
         guard let object = objects[key], let bytes = content(key, in: objects) else {
             throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
         }
-        var etag = Self.etag(bytes)
+        var etag = object.etag
         if let manifest = object.manifest {
             // As Swift: the ETag of a DLO is derived from its parts' ETags, in name order.
             let partPrefix = String(manifest.dropFirst(containerName.count + 1))
             let parts = objects.keys.filter { $0.utf8.starts(with: partPrefix.utf8) }.sorted(by: Self.byteOrder)
-            etag = manifestETag(partETags: parts.map { Self.etag(objects[$0]!.bytes) })
+            etag = manifestETag(partETags: parts.map { objects[$0]!.etag })
         }
         return ObjectInfo(
             key: key, size: Int64(bytes.count), etag: etag, contentType: object.contentType,
@@ -108,7 +121,7 @@ public final class FakeObjectStore: ObjectStore {
                 } else {
                     let o = s.objects[key]!
                     entries.append(.object(ObjectSummary(
-                        key: key, size: Int64(o.bytes.count), etag: Self.etag(o.bytes), contentType: o.contentType,
+                        key: key, size: Int64(o.bytes.count), etag: o.etag, contentType: o.contentType,
                         lastModified: o.modified)))
                 }
                 if entries.count == limit { break }

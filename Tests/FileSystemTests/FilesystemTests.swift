@@ -16,7 +16,7 @@ struct FilesystemTests {
         configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
         configuration.listPageSize = pageSize
         configuration.rootPrefix = rootPrefix
-        configuration.readChunkSize = 1 << 16
+        configuration.readFetchSize = 1 << 16
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 

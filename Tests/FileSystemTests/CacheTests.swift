@@ -1,0 +1,153 @@
+import BlockCache
+import Foundation
+import Logging
+import Synchronization
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// The read path with the block cache, against the in-memory store: what is fetched, what is
+/// reused across "mounts" (Filesystem instances sharing a cache file), and that bytes are right.
+struct FilesystemCacheTests {
+    static let block = 64 << 10
+    let cachePath = NSTemporaryDirectory() + "cssp-unit-cache-" + UUID().uuidString + "/blocks.db"
+
+    func makeFilesystem(_ store: FakeObjectStore, capacity: Int64 = 64 << 20) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
+        configuration.readFetchSize = 4 * Self.block
+        configuration.readAheadWindow = 8 * Self.block
+        configuration.blockCache = BlockCache.open(
+            path: cachePath, capacity: capacity, blockSize: Self.block, logger: Logger(label: "test"))
+        configuration.cacheIdentity = "fake://" + store.containerName
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    func content(_ count: Int, seed: Int = 0) -> [UInt8] {
+        (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 7) ^ ($0 >> 11) &+ seed) }
+    }
+
+    func readAll(_ fs: Filesystem, _ name: String, chunk: Int = 32 << 10) throws -> [UInt8] {
+        let inode = try fs.lookup(parent: Filesystem.rootInode, name: name).inode
+        let opened = try fs.open(inode, writable: false, truncate: false)
+        defer { fs.release(handle: opened.handle) }
+        var bytes: [UInt8] = []
+        while true {
+            var got = 0
+            try fs.read(handle: opened.handle, offset: Int64(bytes.count), length: chunk) { piece in
+                got = piece.count
+                bytes.append(contentsOf: piece)
+            }
+            if got == 0 { return bytes }
+        }
+    }
+
+    func read(_ fs: Filesystem, _ name: String, offset: Int64, length: Int) throws -> [UInt8] {
+        let inode = try fs.lookup(parent: Filesystem.rootInode, name: name).inode
+        let opened = try fs.open(inode, writable: false, truncate: false)
+        defer { fs.release(handle: opened.handle) }
+        var bytes: [UInt8] = []
+        try fs.read(handle: opened.handle, offset: offset, length: length) { bytes.append(contentsOf: $0) }
+        return bytes
+    }
+
+    @Test func aRemountReadsCachedBlocksWithoutGets() throws {
+        let store = FakeObjectStore()
+        let data = content(10 * Self.block + 123)
+        store.seed("f", data)
+        let first = makeFilesystem(store)
+        #expect(try readAll(first, "f") == data)
+        first.waitForCacheWrites()
+        store.resetCounts()
+        let second = makeFilesystem(store)
+        #expect(try readAll(second, "f") == data)
+        #expect(store.counts.get == 0)
+        #expect(try read(second, "f", offset: 5 * Int64(Self.block) - 10, length: 20) == Array(data[(5 * Self.block - 10)..<(5 * Self.block + 10)]))
+        #expect(store.counts.get == 0)
+    }
+
+    @Test func aRandomReadFetchesItsBlockAndNeighboursInItNeedNoGet() throws {
+        let store = FakeObjectStore()
+        let data = content(8 * Self.block)
+        store.seed("f", data)
+        let fs = makeFilesystem(store)
+        _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        store.resetCounts()
+        let offset = 5 * Self.block + 4096
+        #expect(try read(fs, "f", offset: Int64(offset), length: 4096) == Array(data[offset..<(offset + 4096)]))
+        #expect(store.counts.get == 1)
+        #expect(store.counts.getBytes == Int64(Self.block))
+        #expect(try read(fs, "f", offset: Int64(offset + 20_000), length: 4096) == Array(data[(offset + 20_000)..<(offset + 24_096)]))
+        #expect(store.counts.get == 1)
+    }
+
+    @Test func aChangedObjectIsNeverServedFromOldBlocks() throws {
+        let store = FakeObjectStore()
+        let old = content(3 * Self.block, seed: 1)
+        store.seed("f", old)
+        let first = makeFilesystem(store)
+        #expect(try readAll(first, "f") == old)
+        first.waitForCacheWrites()
+        let new = content(3 * Self.block, seed: 2)
+        store.seed("f", new)
+        let second = makeFilesystem(store)
+        #expect(try readAll(second, "f") == new)
+        #expect(try read(second, "f", offset: 100, length: 100) == Array(new[100..<200]))
+    }
+
+    @Test func concurrentReadersOfOneFileGetIdenticalBytes() throws {
+        let store = FakeObjectStore()
+        let data = content(40 * Self.block + 777)
+        store.seed("f", data)
+        let fs = makeFilesystem(store)
+        _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        let results = Mutex<[Int: [UInt8]]>([:])
+        DispatchQueue.concurrentPerform(iterations: 8) { reader in
+            // Half read sequentially in odd-sized chunks, half jump around.
+            let bytes: [UInt8]
+            if reader % 2 == 0 {
+                bytes = (try? readAll(fs, "f", chunk: 12_345 + reader * 1000)) ?? []
+            } else {
+                var assembled = [UInt8](repeating: 0, count: data.count)
+                var order = Array(stride(from: 0, to: data.count, by: 50_000))
+                order.shuffle()
+                for offset in order {
+                    let piece = (try? read(fs, "f", offset: Int64(offset), length: 50_000)) ?? []
+                    assembled.replaceSubrange(offset..<(offset + piece.count), with: piece)
+                }
+                bytes = assembled
+            }
+            results.withLock { $0[reader] = bytes }
+        }
+        for reader in 0..<8 { #expect(results.withLock { $0[reader] } == data, "reader \(reader)") }
+    }
+
+    @Test func evictionKeepsTheCapWhileReading() throws {
+        let store = FakeObjectStore()
+        let data = content(30 * Self.block)
+        store.seed("f", data)
+        let fs = makeFilesystem(store, capacity: Int64(6 * Self.block))
+        #expect(try readAll(fs, "f") == data)
+        fs.waitForCacheWrites()
+        let stats = try #require(fs.configuration.blockCache).statistics()
+        #expect(stats.bytes <= Int64(6 * Self.block))
+        #expect(stats.blocks > 0)
+    }
+
+    @Test func whatWasJustWrittenIsReadBackWithoutAGet() throws {
+        let store = FakeObjectStore()
+        let data = content(5 * Self.block + 99)
+        let fs = makeFilesystem(store)
+        let (_, opened) = try fs.create(parent: Filesystem.rootInode, name: "w", mode: 0o644, caller: Caller(uid: 0, gid: 0))
+        try data.withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        fs.waitForCacheWrites()
+        store.resetCounts()
+        let fresh = makeFilesystem(store)
+        #expect(try readAll(fresh, "w") == data)
+        #expect(store.counts.get == 0)
+    }
+}
