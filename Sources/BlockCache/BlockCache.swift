@@ -126,6 +126,13 @@ public final class BlockCache: Sendable {
         self.capacity = capacity
         self.blockSize = blockSize
         self.logger = logger
+        // Cached bytes are as private as the container: only the mounting user may read them
+        // (SQLite gives its -wal and -shm files the database file's mode).
+        let fd = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if fd >= 0 {
+            fchmod(fd, 0o600)
+            close(fd)
+        }
         let connection = try SQLiteConnection(path: path)
         try connection.execute("PRAGMA busy_timeout=5000")
         try Self.prepareSchema(connection, blockSize: blockSize)

@@ -4,7 +4,8 @@ import Synchronization
 /// One open directory: the listing streamed page by page as readdir asks for more.
 final class DirectoryReader: Sendable {
     let prefix: String
-    private let store: any ObjectStore
+    /// nil for a remembered listing, which never fetches.
+    private let store: (any ObjectStore)?
     private let pageSize: Int
     /// A name never shown (the multipart parts prefix at the container root).
     private let hidden: String?
@@ -20,12 +21,26 @@ final class DirectoryReader: Sendable {
     /// outside the lock never races with another fetch of the same reader.
     private let state: Mutex<State>
 
+    /// Whether the entries come from a remembered listing rather than from the server.
+    let isRemembered: Bool
+
     init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?) {
         self.store = store
         self.pageSize = pageSize
         self.hidden = hidden
         self.prefix = prefix
         self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix)))
+        isRemembered = false
+    }
+
+    /// A reader of a listing already known (complete, in order).
+    init(prefix: String, remembered entries: [DirectoryEntry]) {
+        self.store = nil
+        self.pageSize = 0
+        self.hidden = nil
+        self.prefix = prefix
+        self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix), entries: entries, complete: true))
+        isRemembered = true
     }
 
     /// Entries from `index` on (fetching the next page when needed), and whether the listing is complete.
@@ -35,6 +50,7 @@ final class DirectoryReader: Sendable {
                 (index < s.entries.count ? Array(s.entries[index..<min(s.entries.count, index + 512)]) : [], s.complete, s.marker, s.builder)
             }
             if !available.isEmpty || complete { return (available, complete) }
+            guard let store else { return ([], true) }
             let page: ListPage
             do {
                 page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)

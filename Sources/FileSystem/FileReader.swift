@@ -95,6 +95,22 @@ final class FileReader: Sendable {
             return
         }
 
+        if first == last, let block = known[first] {
+            // The common case of a sequential reader: one block already fetched or being fetched,
+            // replied from the GET's buffer without another copy.
+            if sequential { readAhead(after: last) }
+            switch block.wait() {
+            case .success(let bytes):
+                let lower = bytes.range.lowerBound + Int(offset - first * blockSize)
+                bytes.buffer.withBytes(lower..<(lower + Int(end - offset)), reply)
+                return
+            case .failure(let error):
+                state.withLock { s in
+                    if s.blocks[first] === block { s.blocks[first] = nil }
+                }
+                throw error
+            }
+        }
         let output = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(end - offset), alignment: 16)
         defer { output.deallocate() }
         // Which part of block `index` this read needs, and where it goes in `output`.
@@ -162,6 +178,10 @@ final class FileReader: Sendable {
             let target = min(lastIndex, last + s.window / blockSize)
             let start = max(s.aheadEnd, last + 1)
             guard start <= target else { return [] }
+            // Fetch in whole GETs of `fetchSize` (one 1 MiB GET per 1 MiB read costs the server
+            // far more), unless nothing is ahead of the reader yet or the end is in reach.
+            let perFetch = fetchSize / blockSize
+            guard target - start + 1 >= perFetch || start == last + 1 || target == lastIndex else { return [] }
             s.aheadEnd = target + 1
             return (start...target).filter { s.blocks[$0] == nil }
         }

@@ -88,6 +88,10 @@ public final class Filesystem: Sendable {
         var openFiles: [InodeNumber: OpenFile] = [:]
         var nextHandle: UInt64 = 1
         var statistics: (value: FilesystemStatistics, at: Double)?
+        /// When a lookup last had to ask the server about one name in a directory (see `lookup`).
+        var lastResolved: [InodeNumber: Double] = [:]
+        /// Directories being listed for lookups right now (one listing at a time each).
+        var listingForLookup: Set<InodeNumber> = []
     }
 
     /// Protects every table above.
@@ -227,7 +231,13 @@ public final class Filesystem: Sendable {
         switch listed {
         case .some(.some(let found)): entry = found
         case .some(.none): throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
-        case .none: entry = try resolve(name: name, prefix: directory.key)
+        case .none:
+            if let listing = try listForLookups(directory) {
+                guard let found = listing[name] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
+                entry = found
+            } else {
+                entry = try resolve(name: name, prefix: directory.key)
+            }
         }
         // Zero-byte files may be DLO manifests; directories keep their attributes on a marker.
         var info: ObjectInfo? = nil
@@ -252,6 +262,54 @@ public final class Filesystem: Sendable {
         return state.withLock { s in
             self.link(entry, parent: parent, info: info, markerChecked: markerChecked, version: version, in: &s)
         }
+    }
+
+    /// The second name looked up in a directory within `lookupListingWindow` seconds lists the
+    /// whole directory (up to `lookupListingLimit` entries) and remembers it, so that a walk over
+    /// many names (rsync, `stat` of each file, a build) costs one listing instead of two requests
+    /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
+    func listForLookups(_ directory: Node) throws(FSError) -> [String: DirectoryEntry]? {
+        let inode = directory.inode
+        let now = Self.now()
+        let start: Bool = state.withLock { s in
+            defer { s.lastResolved[inode] = now }
+            guard let last = s.lastResolved[inode], now - last <= Self.lookupListingWindow,
+                !s.listingForLookup.contains(inode)
+            else { return false }
+            s.listingForLookup.insert(inode)
+            return true
+        }
+        guard start else { return nil }
+        defer { _ = state.withLock { $0.listingForLookup.remove(inode) } }
+        let reader = makeDirectoryReader(directory)
+        var index = 0
+        while true {
+            let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+            index += batch.count
+            if complete { break }
+            if index > Self.lookupListingLimit { return nil }
+        }
+        guard let entries = reader.completeEntries() else { return nil }
+        return remember(entries, for: inode)
+    }
+
+    static let lookupListingWindow: Double = 30
+    static let lookupListingLimit = 100_000
+
+    /// Stores a complete listing of directory `inode`; returns it as a table.
+    @discardableResult
+    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber) -> [String: DirectoryEntry] {
+        var table: [String: DirectoryEntry] = [:]
+        table.reserveCapacity(entries.count)
+        for entry in entries { table[entry.name] = entry }
+        state.withLock { s in s.listings[inode] = Listing(entries: table, completedAt: Self.now()) }
+        return table
+    }
+
+    func makeDirectoryReader(_ directory: Node) -> DirectoryReader {
+        DirectoryReader(
+            store: store, prefix: directory.key, pageSize: configuration.listPageSize,
+            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil)
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
@@ -385,9 +443,13 @@ public final class Filesystem: Sendable {
     public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
-        let reader = DirectoryReader(
-            store: store, prefix: directory.key, pageSize: configuration.listPageSize,
-            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil)
+        // A listing younger than dir_timeout answers readdir too (`ls -l` twice in a row: one LIST).
+        let remembered: [DirectoryEntry]? = state.withLock { s in
+            guard let listing = s.listings[inode], Self.now() - listing.completedAt <= configuration.directoryCacheSeconds
+            else { return nil }
+            return listing.entries.values.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+        }
+        let reader = remembered.map { DirectoryReader(prefix: directory.key, remembered: $0) } ?? makeDirectoryReader(directory)
         return state.withLock { s in
             let handle = s.nextHandle
             s.nextHandle += 1
@@ -396,50 +458,106 @@ public final class Filesystem: Sendable {
         }
     }
 
+    /// One thing readdir shows.
+    private enum Item {
+        case dot(String, InodeNumber)
+        /// A name from the listing.
+        case listed(DirectoryEntry)
+        /// A file created here that the server does not list yet (open, or waiting for its upload).
+        case local(String, InodeNumber)
+    }
+
     /// Emits entries from `offset` on; `emit(name, kind, inode, nextOffset)` returns false when full.
     public func readdir(
         _ inode: InodeNumber, handle: UInt64, offset: Int64,
         emit: (String, NodeKind, InodeNumber, Int64) -> Bool
     ) throws(FSError) {
-        guard let reader = state.withLock({ $0.directoryHandles[handle] }) else {
-            throw FSError(.invalidArgument, "unknown directory handle \(handle)")
-        }
-        let parent = state.withLock { $0.nodes[inode]?.parent } ?? Self.rootInode
-        if offset == 0 && !emit(".", .directory, inode, 1) { return }
-        if offset <= 1 && !(emit("..", .directory, parent, 2)) { return }
-        var index = Int(max(offset, 2) - 2)
-        while true {
-            let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
-            if batch.isEmpty {
-                if complete { try finishListing(reader, for: inode, from: index, emit: emit) }
-                return
-            }
-            for entry in batch {
+        try walk(inode, handle: handle, offset: offset) { item, next in
+            switch item {
+            case .dot(let name, let target): return emit(name, .directory, target, next)
+            case .listed(let entry):
                 let known = state.withLock { s in s.children[inode]?[entry.name] } ?? Self.unknownInode
-                index += 1
-                if !emit(entry.name, entry.kind, known, Int64(index) + 2) { return }
+                return emit(entry.name, entry.kind, known, next)
+            case .local(let name, let child): return emit(name, .file, child, next)
             }
         }
     }
 
-    /// After the listing: remember it, then emit files created here that the server does not list
-    /// yet (open, or waiting for their upload).
-    private func finishListing(
-        _ reader: DirectoryReader, for inode: InodeNumber, from index: Int,
-        emit: (String, NodeKind, InodeNumber, Int64) -> Bool
+    /// readdirplus: as `readdir`, and with the attributes of every entry the listing describes
+    /// fully (each counts as a kernel lookup). Directories and zero-byte files, whose attributes
+    /// need a HEAD, come without (nil): the kernel looks them up when it needs them.
+    /// `emit(name, kind, inode, attributes, nextOffset)` returns false when full.
+    public func readdirplus(
+        _ inode: InodeNumber, handle: UInt64, offset: Int64,
+        emit: (String, NodeKind, InodeNumber, Attributes?, Int64) -> Bool
     ) throws(FSError) {
+        try walk(inode, handle: handle, offset: offset) { item, next in
+            let linked: (String, NodeKind, Attributes?)? = state.withLock { s in
+                switch item {
+                case .dot: return nil
+                case .listed(let entry):
+                    guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
+                    let version = s.children[inode]?[entry.name].flatMap { s.nodes[$0]?.attributeVersion } ?? 0
+                    let attributes = link(entry, parent: inode, info: nil, markerChecked: false, version: version, in: &s)
+                    return (entry.name, entry.kind, attributes)
+                case .local(let name, let child):
+                    guard var node = s.nodes[child], let open = s.openFiles[child] else { return nil }
+                    node.lookups += 1
+                    node.size = open.size
+                    s.nodes[child] = node
+                    return (name, .file, attributes(of: node))
+                }
+            }
+            if let (name, kind, attributes) = linked, let attributes {
+                if emit(name, kind, attributes.inode, attributes, next) { return true }
+                forget(attributes.inode, count: 1)  // not sent: the kernel never saw this lookup
+                return false
+            }
+            switch item {
+            case .dot(let name, let target): return emit(name, .directory, target, nil, next)
+            case .listed(let entry):
+                let known = state.withLock { s in s.children[inode]?[entry.name] } ?? Self.unknownInode
+                return emit(entry.name, entry.kind, known, nil, next)
+            case .local(let name, let child): return emit(name, .file, child, nil, next)
+            }
+        }
+    }
+
+    private func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
+        guard let reader = state.withLock({ $0.directoryHandles[handle] }) else {
+            throw FSError(.invalidArgument, "unknown directory handle \(handle)")
+        }
+        let parent = state.withLock { $0.nodes[inode]?.parent } ?? Self.rootInode
+        if offset == 0 && !emit(.dot(".", inode), 1) { return }
+        if offset <= 1 && !emit(.dot("..", parent), 2) { return }
+        var index = Int(max(offset, 2) - 2)
+        while true {
+            let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+            if batch.isEmpty {
+                if complete { finishListing(reader, for: inode, from: index, emit: emit) }
+                return
+            }
+            for entry in batch {
+                index += 1
+                if !emit(.listed(entry), Int64(index) + 2) { return }
+            }
+        }
+    }
+
+    /// After the listing: remember it, then emit files created here that the server does not list yet.
+    private func finishListing(
+        _ reader: DirectoryReader, for inode: InodeNumber, from index: Int, emit: (Item, Int64) -> Bool
+    ) {
         guard let entries = reader.completeEntries() else { return }
+        let table = reader.isRemembered ? nil : remember(entries, for: inode)
         let pending: [(String, InodeNumber)] = state.withLock { s in
-            var table: [String: DirectoryEntry] = [:]
-            table.reserveCapacity(entries.count)
-            for entry in entries { table[entry.name] = entry }
-            s.listings[inode] = Listing(entries: table, completedAt: Self.now())
+            let table = table ?? s.listings[inode]?.entries ?? [:]
             return (s.children[inode] ?? [:]).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
                 .sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
         }
         let start = index - entries.count
         for (i, (name, child)) in pending.enumerated() where i >= start {
-            if !emit(name, .file, child, Int64(entries.count + i + 1) + 2) { return }
+            if !emit(.local(name, child), Int64(entries.count + i + 1) + 2) { return }
         }
     }
 

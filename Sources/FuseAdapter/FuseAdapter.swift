@@ -114,26 +114,59 @@ public final class FuseAdapter: Sendable {
     }
 
     func readdir(_ reply: consuming Reply, inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) {
-        serve("readdir", "\(inode) off=\(offset)", reply) { (r: inout Reply?) throws(FSError) in
+        fillDirectory("readdir", reply, inode: inode, offset: offset, size: size) { (request, buffer, used) throws(FSError) in
+            try filesystem.readdir(inode, handle: handle, offset: offset) { name, kind, entryInode, next in
+                var st = Glibc.stat()
+                st.st_ino = ino_t(entryInode)
+                st.st_mode = Reply.fileType(kind)
+                let needed = fuse_add_direntry(request, buffer.baseAddress! + used, buffer.count - used, name, &st, off_t(next))
+                guard used + needed <= buffer.count else { return false }
+                used += needed
+                return true
+            }
+        }
+    }
+
+    /// readdir with attributes: `ls -l` then needs no lookup or getattr per entry.
+    func readdirplus(_ reply: consuming Reply, inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) {
+        fillDirectory("readdirplus", reply, inode: inode, offset: offset, size: size) { (request, buffer, used) throws(FSError) in
+            try filesystem.readdirplus(inode, handle: handle, offset: offset) { name, kind, entryInode, attributes, next in
+                var entry = fuse_entry_param()
+                if let attributes {
+                    entry.ino = fuse_ino_t(attributes.inode)
+                    entry.attr = Reply.stat(attributes)
+                    entry.attr_timeout = configuration.attributeTimeout
+                    entry.entry_timeout = configuration.entryTimeout
+                } else {
+                    // Inode 0: a name only; the kernel looks it up when it needs more.
+                    entry.attr.st_ino = ino_t(entryInode)
+                    entry.attr.st_mode = Reply.fileType(kind)
+                }
+                let needed = fuse_add_direntry_plus(
+                    request, buffer.baseAddress! + used, buffer.count - used, name, &entry, off_t(next))
+                guard used + needed <= buffer.count else { return false }
+                used += needed
+                return true
+            }
+        }
+    }
+
+    /// Fills one reply buffer of directory entries with `body(request, buffer, &used)`.
+    private func fillDirectory(
+        _ operation: String, _ reply: consuming Reply, inode: InodeNumber, offset: Int64, size: Int,
+        _ body: (fuse_req_t, UnsafeMutableRawBufferPointer, inout Int) throws(FSError) -> Void
+    ) {
+        serve(operation, "\(inode) off=\(offset)", reply) { (r: inout Reply?) throws(FSError) in
             guard let request = r?.request else { return }
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: size, alignment: 8)
             defer { buffer.deallocate() }
             var used = 0
             do throws(FSError) {
-                try filesystem.readdir(inode, handle: handle, offset: offset) { name, kind, entryInode, next in
-                    var st = Glibc.stat()
-                    st.st_ino = ino_t(entryInode)
-                    st.st_mode = kind == .directory ? S_IFDIR : S_IFREG
-                    let needed = fuse_add_direntry(
-                        request, buffer.baseAddress! + used, size - used, name, &st, off_t(next))
-                    guard used + needed <= size else { return false }
-                    used += needed
-                    return true
-                }
+                try body(request, buffer, &used)
             } catch {
                 // readdir reports an error only if no entry was added yet; else the partial buffer.
                 if used == 0 { throw error }
-                logger.error("readdir of inode \(inode) stopped early: \(error.message)")
+                logger.error("\(operation) of inode \(inode) stopped early: \(error.message)")
             }
             r.take()!.buffer(UnsafeRawBufferPointer(rebasing: buffer[0..<used]))
         }

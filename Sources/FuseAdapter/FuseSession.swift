@@ -106,7 +106,9 @@ private func makeOperations() -> fuse_lowlevel_ops {
         // Kernel read-ahead hands us larger sequential reads; our own read-ahead does the rest.
         connection.pointee.max_readahead = 1 << 20
         connection.pointee.want |= UInt32(FUSE_CAP_ASYNC_READ)
-        connection.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO)
+        // readdirplus always: attributes come from the listing anyway, so sending them costs nothing.
+        connection.pointee.want |= UInt32(FUSE_CAP_READDIRPLUS)
+        connection.pointee.want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
     }
     ops.lookup = { request, parent, name in
         let adapter = FuseAdapter.adapter(request)
@@ -182,6 +184,10 @@ private func makeOperations() -> fuse_lowlevel_ops {
     }
     ops.readdir = { request, inode, size, offset, info in
         FuseAdapter.adapter(request).readdir(
+            Reply(request!), inode: inode, handle: info!.pointee.fh, offset: Int64(offset), size: size)
+    }
+    ops.readdirplus = { request, inode, size, offset, info in
+        FuseAdapter.adapter(request).readdirplus(
             Reply(request!), inode: inode, handle: info!.pointee.fh, offset: Int64(offset), size: size)
     }
     ops.releasedir = { request, _, info in

@@ -109,16 +109,18 @@ struct Reply: ~Copyable {
         discard self
     }
 
+    static func fileType(_ kind: NodeKind) -> mode_t {
+        switch kind {
+        case .directory: return S_IFDIR
+        case .file: return S_IFREG
+        case .symlink: return S_IFLNK
+        }
+    }
+
     static func stat(_ a: Attributes) -> Glibc.stat {
         var st = Glibc.stat()
         st.st_ino = ino_t(a.inode)
-        let type: mode_t
-        switch a.kind {
-        case .directory: type = S_IFDIR
-        case .file: type = S_IFREG
-        case .symlink: type = S_IFLNK
-        }
-        st.st_mode = type | mode_t(a.permissions)
+        st.st_mode = fileType(a.kind) | mode_t(a.permissions)
         st.st_nlink = a.kind == .directory ? 2 : 1
         st.st_uid = a.uid
         st.st_gid = a.gid

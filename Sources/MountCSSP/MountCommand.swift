@@ -187,9 +187,33 @@ enum MountCommand {
         if !options.readOnly {
             Thread.detached { filesystem.recoverPendingUploads() }
         }
+        if options.readAheadMiB > 0 {
+            let mountpoint = options.mountpoint
+            Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }
+        }
         let rc = session.run()
         logger.info("unmounted \(options.mountpoint)")
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
+    }
+
+    /// Lets the kernel send 1 MiB sequential reads instead of 128 KiB ones (a per-mount setting;
+    /// FUSE's own max_readahead does not raise it). Needs root; without it, reads stay smaller.
+    /// Runs on its own thread: the stat waits until the session serves requests.
+    static func raiseKernelReadAhead(_ mountpoint: String, logger: Logger) {
+        var st = stat()
+        guard stat(mountpoint, &st) == 0 else { return }
+        let device = UInt64(st.st_dev)
+        let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
+        let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+        let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
+        let fd = open(path, O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            logger.debug("kernel read-ahead left as it is: \(path) is not writable")
+            return
+        }
+        defer { close(fd) }
+        let value = Array("1024\n".utf8)
+        _ = value.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
     }
 
     /// Whether /proc/mounts lists a csspfs mount on `path` (stacking a second one hides the first).

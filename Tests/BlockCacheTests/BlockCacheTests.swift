@@ -150,6 +150,16 @@ struct BlockCacheTests {
         #expect(stats.blocks > 0)
     }
 
+    @Test func onlyTheOwnerCanReadTheCache() throws {
+        let cache = open()
+        cache.store(BlockCache.Object(name: "s/p", etag: "e"), block: 0, bytes: bytes(1), range: 0..<Self.block)
+        cache.waitUntilWritten()
+        for file in [path, path + "-wal"] {
+            let mode = try #require(FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int)
+            #expect(mode & 0o077 == 0, "\(file) has mode \(String(mode, radix: 8))")
+        }
+    }
+
     @Test func blocksSurviveReopening() {
         let object = BlockCache.Object(name: "s/keep", etag: "e")
         do {

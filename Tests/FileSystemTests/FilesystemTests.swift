@@ -167,6 +167,40 @@ struct FilesystemTests {
         }
     }
 
+    @Test func manyLookupsInOneDirectoryCostOneListing() throws {
+        let store = FakeObjectStore()
+        for i in 0..<250 { store.seed("tree/f\(i)", Array(repeating: UInt8(i & 0xFF), count: 10 + i)) }
+        let fs = makeFilesystem(store, pageSize: 100)
+        let tree = try fs.lookup(parent: Filesystem.rootInode, name: "tree")
+        store.resetCounts()
+        for i in 0..<250 {
+            #expect(try fs.lookup(parent: tree.inode, name: "f\(i)").size == Int64(10 + i))
+        }
+        // The first name alone (HEAD, one-entry LIST), then three pages of the whole directory.
+        #expect(store.counts.head == 1)
+        #expect(store.counts.list == 4)
+        do {
+            _ = try fs.lookup(parent: tree.inode, name: "absent")
+            Issue.record("lookup of a missing name succeeded")
+        } catch {
+            #expect(error.code == .notFound)
+        }
+        #expect(store.counts.list == 4 && store.counts.head == 1)
+    }
+
+    @Test func readdirTwiceWithinTheDirectoryTimeoutListsOnce() throws {
+        let store = FakeObjectStore()
+        for i in 0..<20 { store.seed("d/f\(i)", text: "x") }
+        let fs = makeFilesystem(store)
+        let d = try fs.lookup(parent: Filesystem.rootInode, name: "d")
+        store.resetCounts()
+        let first = try names(fs, d.inode)
+        let second = try names(fs, d.inode)
+        #expect(first.count == 20)
+        #expect(second.sorted() == first.sorted())
+        #expect(store.counts.list == 1)
+    }
+
     @Test func readsAreCorrectAtEOFAndForEmptyFiles() throws {
         let store = FakeObjectStore()
         let content = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
