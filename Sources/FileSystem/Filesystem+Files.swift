@@ -148,10 +148,34 @@ extension Filesystem {
             throw FSError(.invalidArgument, "write on a handle not open for writing")
         }
         try open.write(bytes, at: offset)
+        startEarlyParts(open, writtenEnd: offset + Int64(bytes.count))
         let now = Timestamp.now()
         state.withLock { s in
             s.nodes[open.inode]?.stored.mtime = now
             s.nodes[open.inode]?.attributeVersion += 1
+        }
+    }
+
+    /// Once a file is over the multipart threshold, uploads the parts its writer has passed
+    /// (see `EarlyParts`), so that close has less to send.
+    private func startEarlyParts(_ open: OpenFile, writtenEnd: Int64) {
+        let multipart = configuration.multipartThreshold
+        let (parts, generations): (EarlyParts?, [Int: UInt64]) = open.state.withLock { o in
+            guard o.size > multipart, !o.unlinked else { return (nil, [:]) }
+            if o.earlyParts == nil {
+                o.earlyParts = EarlyParts(
+                    store: store, partSize: configuration.partSize, concurrency: configuration.uploadConcurrency)
+            }
+            return (o.earlyParts, o.partGenerations)
+        }
+        parts?.advance(path: open.path, writtenEnd: writtenEnd) { generations[$0] ?? 0 }
+    }
+
+    /// Deletes the parts of a pipeline no manifest will point at.
+    func discard(_ parts: EarlyParts) {
+        DispatchQueue.global().async { [uploader] in
+            _ = parts.finish()
+            uploader.deleteAll(prefix: parts.partPrefix)
         }
     }
 
@@ -262,9 +286,17 @@ extension Filesystem {
             var manifest = node.manifest
             do throws(ObjectStoreError) {
                 if snapshot.dataDirty {
+                    // This upload uses (or discards) the parts sent early; later writes start anew.
+                    let early: EarlyParts? = open.state.withLock { o in
+                        defer {
+                            o.earlyParts = nil
+                            o.partGenerations = [:]
+                        }
+                        return o.earlyParts
+                    }
                     let result = try uploader.upload(
                         path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
-                        metadata: metadata)
+                        metadata: metadata, early: early, generations: snapshot.partGenerations)
                     if let old = node.manifest, old != result.manifest {
                         uploader.deleteParts(manifest: old, ofKey: node.key)
                     }

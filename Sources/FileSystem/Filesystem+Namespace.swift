@@ -163,10 +163,12 @@ extension Filesystem {
         let target = try child(parent, name)
         guard target.kind != .directory else { throw FSError(.isADirectory, "unlink of a directory") }
         let open = state.withLock { $0.openFiles[target.inode] }
-        let neverStored = open?.state.withLock { o in
+        let (neverStored, earlyParts) = open?.state.withLock { o in
             o.unlinked = true
-            return o.dataDirty && target.etag.isEmpty
-        } ?? false
+            defer { o.earlyParts = nil }
+            return (o.dataDirty && target.etag.isEmpty, o.earlyParts)
+        } ?? (false, nil)
+        if let earlyParts { discard(earlyParts) }
         if !neverStored {
             try removeObject(key: target.key, manifest: target.manifest)
         }

@@ -134,6 +134,10 @@ final class OpenFile: Sendable {
         var generation: UInt64 = 0
         /// Writes or truncations under way (their bytes may be in the file before `generation` moves).
         var changesInProgress = 0
+        /// Parts uploaded while the file is written (see `EarlyParts`), and the generation of the
+        /// last write into each part.
+        var earlyParts: EarlyParts? = nil
+        var partGenerations: [Int: UInt64] = [:]
         var writers = 0
         var readers = 0
         /// The file was unlinked while open: its bytes are never uploaded.
@@ -162,6 +166,11 @@ final class OpenFile: Sendable {
             state.withLock { s in
                 s.changesInProgress -= 1
                 s.generation += 1
+                if let parts = s.earlyParts, bytes.count > 0 {
+                    let first = Int(offset / parts.partSize)
+                    let last = Int((offset + Int64(bytes.count) - 1) / parts.partSize)
+                    for index in first...last { s.partGenerations[index] = s.generation }
+                }
             }
         }
         var done = 0
@@ -189,6 +198,12 @@ final class OpenFile: Sendable {
         }
         guard ftruncate(fd, off_t(size)) == 0 else { throw Spool.error("truncate spool \(path)") }
         state.withLock { s in
+            if let parts = s.earlyParts {
+                // Every part between the old and the new end changed.
+                let low = Int(min(size, s.size) / parts.partSize)
+                let high = Int(max(size, s.size) / parts.partSize)
+                for index in low...high { s.partGenerations[index] = s.generation + 1 }
+            }
             s.size = size
             s.dataDirty = true
         }

@@ -28,21 +28,36 @@ struct Uploader {
         var manifest: String?
     }
 
-    func upload(path: String, size: Int64, key: String, contentType: String, metadata: [String: String])
-        throws(ObjectStoreError) -> Result
-    {
+    /// Stores `size` bytes of the spool at `path` under `key`. `early` holds parts sent while the
+    /// file was written; each is reused if `generations` (the spool's per-part write generations
+    /// as of the snapshot being stored) shows no write into it since.
+    func upload(
+        path: String, size: Int64, key: String, contentType: String, metadata: [String: String],
+        early: EarlyParts? = nil, generations: [Int: UInt64] = [:]
+    ) throws(ObjectStoreError) -> Result {
+        let sent = early?.finish() ?? [:]
         if size <= threshold {
+            if let early { deleteAll(prefix: early.partPrefix) }
             let etag = try store.put(
                 key: key, body: .file(path: path, offset: 0, length: size), contentType: contentType, metadata: metadata)
             return Result(etag: etag, manifest: nil)
         }
-        let uploadID = String(UInt64.random(in: 0...UInt64.max), radix: 16)
-        let partPrefix = Filesystem.partsPrefix + uploadID + "/"
-        let count = Int((size + partSize - 1) / partSize)
-        let etags = Mutex<[String?]>(Array(repeating: nil, count: count))
-        let store = self.store
         let partSize = self.partSize
-        let failure = Concurrently.forEach(count, width: concurrency) { (index) throws(ObjectStoreError) in
+        let partPrefix = early?.partPrefix ?? Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
+        let count = Int((size + partSize - 1) / partSize)
+        var reused: [String?] = Array(repeating: nil, count: count)
+        for (index, part) in sent where index < count && Int64(index + 1) * partSize <= size {
+            if part.generation == generations[index] ?? 0 { reused[index] = part.etag }
+        }
+        // Early parts past the end (the file shrank) would be concatenated by the manifest.
+        for index in sent.keys where index >= count {
+            try? store.delete(key: partPrefix + Uploader.partName(index + 1))
+        }
+        let etags = Mutex<[String?]>(reused)
+        let store = self.store
+        let missing = (0..<count).filter { reused[$0] == nil }
+        let failure = Concurrently.forEach(missing.count, width: concurrency) { (position) throws(ObjectStoreError) in
+            let index = missing[position]
             let offset = Int64(index) * partSize
             let etag = try store.put(
                 key: partPrefix + Uploader.partName(index + 1),

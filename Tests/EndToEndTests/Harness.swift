@@ -17,6 +17,8 @@ struct Environment {
     let accessKey: String
     let secret: String
     let binary: String
+    /// The local server's directory (its logs are in `log/`), when the test command says where.
+    let serverDirectory: String?
 
     static func load() throws -> Environment {
         let env = ProcessInfo.processInfo.environment
@@ -31,7 +33,9 @@ struct Environment {
         guard FileManager.default.isExecutableFile(atPath: binary) else {
             throw HarnessError("no mount.cssp binary at \(binary): build it first (scripts/test does)")
         }
-        return Environment(serverURL: url, passwdFile: passwd, accessKey: key, secret: secret, binary: binary)
+        return Environment(
+            serverURL: url, passwdFile: passwd, accessKey: key, secret: secret, binary: binary,
+            serverDirectory: env["CSSP_SERVER_DIR"])
     }
 
     func store(container: String) -> HTTPObjectStore {

@@ -76,6 +76,33 @@ struct FilesystemWriteTests {
         #expect(store.keys.isEmpty)
     }
 
+    @Test func partsSentWhileWritingAreReusedUnlessRewrittenAndDroppedWhenTheFileShrinks() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let part = 256 << 10
+        var expected = (0..<(8 * part + 100)).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ ($0 >> 9)) }
+        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: "big", mode: 0o644, caller: caller)
+        for offset in stride(from: 0, to: expected.count, by: 64 << 10) {
+            try write(fs, opened.handle, Array(expected[offset..<min(expected.count, offset + (64 << 10))]), at: Int64(offset))
+        }
+        // Rewrite the middle of part 2, which may have been sent already.
+        let patch = [UInt8](repeating: 0xEE, count: 1000)
+        try write(fs, opened.handle, patch, at: Int64(2 * part + 10))
+        expected.replaceSubrange((2 * part + 10)..<(2 * part + 1010), with: patch)
+        try fs.flush(handle: opened.handle)
+        #expect(store.object("big")?.bytes == expected)
+        #expect(store.keys.filter { $0.hasPrefix(".cssp-parts/") }.count == 9)
+        // Each whole part at most once early, part 2 perhaps again, the tail, the manifest.
+        #expect(store.counts.put <= 11, "\(store.counts.put) PUTs")
+
+        // Shrink to 5½ parts: the parts past the end must not stay under the manifest's prefix.
+        _ = try fs.setattr(attributes.inode, AttributeChanges(size: Int64(5 * part + part / 2)))
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        #expect(store.object("big")?.bytes == Array(expected[0..<(5 * part + part / 2)]))
+        #expect(store.keys.filter { $0.hasPrefix(".cssp-parts/") }.count == 6)
+    }
+
     @Test func failedUploadIsReportedAndRetriedUntilStored() throws {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)

@@ -32,6 +32,15 @@ struct ArgumentsTests {
         #expect(o.endpoint.url == "http://h/c/sub/dir")
     }
 
+    @Test func cacheSizesTakeUnits() throws {
+        #expect(try options(["http://h/c", "/m"]).cacheSize == 1 << 30)
+        #expect(try options(["http://h/c", "/m", "-o", "cache_size=500"]).cacheSize == 500 << 20)
+        #expect(try options(["http://h/c", "/m", "-o", "cache_size=4G"]).cacheSize == 4 << 30)
+        #expect(try options(["http://h/c", "/m", "-o", "cache_size=64k"]).cacheSize == 64 << 10)
+        #expect(try options(["http://h/c", "/m", "-o", "cache_size=0"]).cacheSize == 0)
+        #expect(try options(["http://h/c", "/m", "-o", "cache_block_kb=256"]).cacheBlockKiB == 256)
+    }
+
     @Test func helpAndVersion() throws {
         #expect(try Arguments.parse(["--help"]) == .help)
         #expect(try Arguments.parse(["http://h/c", "-V"]) == .version)
@@ -45,6 +54,9 @@ struct ArgumentsTests {
         (["http://h/c", "/m", "-o", "umask=999"], "octal"),
         (["http://h/c", "/m", "-o", "attr_timeout=abc"], "seconds"),
         (["http://h/c", "/m", "-o", "passwd_file"], "needs a value"),
+        (["http://h/c", "/m", "-o", "cache_size=lots"], "needs a size such as 500M"),
+        (["http://h/c", "/m", "-o", "cache_size=-1G"], "needs a size"),
+        (["http://h/c", "/m", "-o", "cache_block_kb=1000"], "power of two"),
         (["http://h/c", "/m", "-x"], "unknown flag"),
         (["ftp://h/c", "/m"], "invalid URL"),
         (["http://h", "/m"], "names no container"),

@@ -1,0 +1,80 @@
+import Dispatch
+import ObjectStore
+import Synchronization
+
+/// Parts of a large file uploaded while it is still being written, so that close has only the
+/// rest to send (a `cp` of 1 GiB otherwise writes the spool first and uploads all of it at close).
+///
+/// Subtleties:
+/// 1. A part is uploaded early once the writer has written past its end and the file is over
+///    the multipart threshold. Only whole parts go early; the last part always waits for close.
+/// 2. Every write records, per part it touches, the spool generation it made (`OpenFile`'s
+///    `partGenerations`). An early upload remembers the generation it started from; at close a
+///    part is reused only if no write touched it since, else it is sent again. A write racing an
+///    upload can only make the part look stale, never current.
+/// 3. The parts live under this pipeline's own upload id. Once a manifest points at them the
+///    pipeline is spent (`Filesystem.commit` drops it); later writes start a new one.
+/// 4. Lock order: `OpenFile.state`, then `EarlyParts.state`. No lock is held during an upload.
+final class EarlyParts: Sendable {
+    let partPrefix: String
+    let partSize: Int64
+    private let store: any ObjectStore
+    private let concurrency: Int
+    private let group = DispatchGroup()
+
+    struct Part {
+        var etag: String
+        /// The spool generation of the part's last write when the upload started.
+        var generation: UInt64
+    }
+
+    private struct State {
+        var done: [Int: Part] = [:]
+        var running: Set<Int> = []
+    }
+
+    /// Protects finished and running parts.
+    private let state = Mutex(State())
+
+    init(store: any ObjectStore, partSize: Int64, concurrency: Int) {
+        self.store = store
+        self.partSize = partSize
+        self.concurrency = concurrency
+        partPrefix = Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
+    }
+
+    /// Starts uploads of whole parts below `writtenEnd` that are neither done nor running, at most
+    /// `concurrency` at a time. `generation(index)` is the part's last write generation.
+    func advance(path: String, writtenEnd: Int64, generation: (Int) -> UInt64) {
+        let complete = Int(writtenEnd / partSize)
+        let starting: [(Int, UInt64)] = state.withLock { s in
+            var starting: [(Int, UInt64)] = []
+            for index in 0..<complete where s.done[index] == nil && !s.running.contains(index) {
+                guard s.running.count < concurrency else { break }
+                s.running.insert(index)
+                starting.append((index, generation(index)))
+            }
+            return starting
+        }
+        for (index, generation) in starting {
+            DispatchQueue.global().async(group: group) { self.upload(index, generation: generation, path: path) }
+        }
+    }
+
+    private func upload(_ index: Int, generation: UInt64, path: String) {
+        let etag = try? store.put(
+            key: partPrefix + Uploader.partName(index + 1),
+            body: .file(path: path, offset: Int64(index) * partSize, length: partSize), contentType: nil, metadata: [:])
+        state.withLock { s in
+            s.running.remove(index)
+            // A failed part is simply sent again at close.
+            if let etag { s.done[index] = Part(etag: etag, generation: generation) }
+        }
+    }
+
+    /// Waits for running uploads; then the parts that may be reused as they are.
+    func finish() -> [Int: Part] {
+        group.wait()
+        return state.withLock { $0.done }
+    }
+}

@@ -1,0 +1,87 @@
+import Foundation
+import ObjectStore
+import Testing
+
+/// The block cache through the real mount: reuse across mounts (counted in the server's own
+/// log), survival of a killed daemon, ETag revalidation, parallel readers, and the size cap.
+@Suite(.serialized)
+struct CacheMountTests {
+    let cacheDirectory = NSTemporaryDirectory() + "cssp-e2e-cache-" + UUID().uuidString.prefix(8)
+
+    /// GETs of `key` in `container` that the proxy logged as started at or after `since`.
+    func gets(_ environment: Environment, container: String, key: String, since: Double) throws -> Int {
+        let directory = try #require(environment.serverDirectory, "CSSP_SERVER_DIR is not set (scripts/test sets it)")
+        let log = try String(contentsOfFile: directory + "/log/proxy.log", encoding: .utf8)
+        var count = 0
+        for line in log.split(separator: "\n") where line.contains(" GET ") && line.contains("/\(container)/\(key)") {
+            // The second-to-last and third-to-last fields are the request's start and end times.
+            let fields = line.split(separator: " ")
+            if fields.count > 3, let start = Double(fields[fields.count - 3]), start >= since { count += 1 }
+        }
+        return count
+    }
+
+    func randomBytes(_ count: Int) -> [UInt8] {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) }
+    }
+
+    func checksum(of bytes: [UInt8]) throws -> String {
+        let file = NSTemporaryDirectory() + "cssp-e2e-md5-" + UUID().uuidString.prefix(8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        try Data(bytes).write(to: URL(fileURLWithPath: file))
+        return try md5(file)
+    }
+
+    @Test func remountsAndKilledMountsReuseTheCacheAndChangesAreSeen() throws {
+        let fixture = try Fixture.get()
+        let environment = fixture.environment
+        let store = environment.store(container: fixture.container)
+        let key = "cache/object-" + UUID().uuidString.prefix(8)
+        let first = randomBytes(5 << 20 + 12345)
+        try store.put(key: key, body: .bytes(first), contentType: nil, metadata: [:])
+        let options = ["cache_dir=" + cacheDirectory]
+        defer { try? FileManager.default.removeItem(atPath: cacheDirectory) }
+
+        // Fill the cache, then kill the daemon without any chance to tidy up.
+        let filling = try Mount(environment, container: fixture.container, options: options)
+        #expect(try md5(filling.path(key)) == checksum(of: first))
+        kill(filling.child.pid, SIGKILL)
+        _ = filling.waitForExit()
+        #expect(try shell("fusermount3 -u \(quoted(filling.directory))").status == 0)
+
+        // The next mount opens that cache and reads the object without a GET.
+        let since = Date().timeIntervalSince1970
+        let reusing = try Mount(environment, container: fixture.container, options: options)
+        #expect(try md5(reusing.path(key)) == checksum(of: first))
+        #expect(try gets(environment, container: fixture.container, key: key, since: since) == 0)
+        #expect(!reusing.stderrText.contains("damaged"), "\(reusing.stderrText)")
+        #expect(try reusing.unmount() == 0)
+
+        // Replaced on the server: a new mount shows the new bytes, never the cached old ones.
+        let second = randomBytes(5 << 20 + 999)
+        try store.put(key: key, body: .bytes(second), contentType: nil, metadata: [:])
+        let afterChange = Date().timeIntervalSince1970
+        let changed = try Mount(environment, container: fixture.container, options: options)
+        // Four readers at once, each through its own descriptor: identical, correct bytes.
+        let parallel = try shell(
+            "for i in 1 2 3 4; do md5sum \(quoted(changed.path(key))) & done | cut -d' ' -f1 | sort | uniq -c")
+        #expect(parallel.stdout.trimmingCharacters(in: .whitespaces) == "4 \(try checksum(of: second))\n", "\(parallel)")
+        #expect(try gets(environment, container: fixture.container, key: key, since: afterChange) > 0)
+        #expect(try changed.unmount() == 0)
+    }
+
+    @Test func theCacheFileStaysWithinItsCap() throws {
+        let fixture = try Fixture.get()
+        let mount = try Mount(
+            fixture.environment, container: fixture.container, options: ["cache_dir=" + cacheDirectory, "cache_size=8M"])
+        defer { try? FileManager.default.removeItem(atPath: cacheDirectory) }
+        #expect(try md5(mount.path("big/random.bin")) == fixture.bigMD5)
+        #expect(try mount.unmount() == 0)
+        let size = try #require(
+            FileManager.default.attributesOfItem(atPath: cacheDirectory + "/blocks.db")[.size] as? Int)
+        // 8 MiB of blocks, plus SQLite's pages for the table and its indexes.
+        #expect(size <= (8 << 20) + (1 << 20), "blocks.db is \(size) bytes")
+        #expect(size >= 4 << 20, "blocks.db is \(size) bytes: was anything cached?")
+    }
+}
