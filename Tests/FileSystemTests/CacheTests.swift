@@ -30,18 +30,7 @@ struct FilesystemCacheTests {
     }
 
     func readAll(_ fs: Filesystem, _ name: String, chunk: Int = 32 << 10) throws -> [UInt8] {
-        let inode = try fs.lookup(parent: Filesystem.rootInode, name: name).inode
-        let opened = try fs.open(inode, writable: false, truncate: false)
-        defer { fs.release(handle: opened.handle) }
-        var bytes: [UInt8] = []
-        while true {
-            var got = 0
-            try fs.read(handle: opened.handle, offset: Int64(bytes.count), length: chunk) { piece in
-                got = piece.count
-                bytes.append(contentsOf: piece)
-            }
-            if got == 0 { return bytes }
-        }
+        try fs.readWhole(try fs.lookup(parent: Filesystem.rootInode, name: name).inode, chunk: chunk)
     }
 
     func read(_ fs: Filesystem, _ name: String, offset: Int64, length: Int) throws -> [UInt8] {

@@ -41,17 +41,7 @@ struct FilesystemTests {
     }
 
     func readAll(_ fs: Filesystem, _ inode: InodeNumber, chunk: Int = 4096) throws -> [UInt8] {
-        let opened = try fs.open(inode, writable: false, truncate: false)
-        defer { fs.release(handle: opened.handle) }
-        var bytes: [UInt8] = []
-        while true {
-            var got = 0
-            try fs.read(handle: opened.handle, offset: Int64(bytes.count), length: chunk) { piece in
-                got = piece.count
-                bytes.append(contentsOf: piece)
-            }
-            if got == 0 { return bytes }
-        }
+        try fs.readWhole(inode, chunk: chunk)
     }
 
     @Test func readdirOfRegularObjectsMakesNoHead() throws {
