@@ -48,7 +48,7 @@ public final class BlockCache: Sendable {
     static let applicationID: Int64 = 0x4353_5046  // "CSPF"
     static let schemaVersion: Int64 = 1
     /// Queued bytes beyond which new blocks are not cached (bounds memory when the disk is slow).
-    static let maximumQueuedBytes = 32 << 20
+    static let maximumQueuedBytes = 24 << 20
 
     private struct BlockID: Hashable {
         var name: String
@@ -63,7 +63,30 @@ public final class BlockCache: Sendable {
 
     private struct Pending {
         var blocks: [BlockID: Queued] = [:]
+        /// Memory the queue keeps alive: each distinct buffer counted once, whole (a block is
+        /// often a slice of a larger GET buffer, which lives as long as any of its blocks is queued).
         var bytes = 0
+        var buffers: [ObjectIdentifier: Int] = [:]
+
+        mutating func add(_ id: BlockID, _ block: Queued) {
+            remove(id)
+            blocks[id] = block
+            let key = ObjectIdentifier(block.bytes)
+            if buffers[key, default: 0] == 0 { bytes += block.bytes.capacity }
+            buffers[key, default: 0] += 1
+        }
+
+        /// Removes `id` (if `only` is given, only when it still holds that buffer).
+        mutating func remove(_ id: BlockID, only: ByteBuffer? = nil) {
+            guard let old = blocks[id], only == nil || old.bytes === only else { return }
+            blocks[id] = nil
+            let key = ObjectIdentifier(old.bytes)
+            buffers[key, default: 1] -= 1
+            if buffers[key] == 0 {
+                buffers[key] = nil
+                bytes -= old.bytes.capacity
+            }
+        }
         var touches: Set<Int64> = []
         var scheduled = false
     }
@@ -243,10 +266,10 @@ public final class BlockCache: Sendable {
         while !disabled.load(ordering: .relaxed) {
             let (queued, schedule): (Bool, Bool) = pending.withLock { p in
                 let id = BlockID(name: object.name, index: index)
-                if let old = p.blocks.removeValue(forKey: id) { p.bytes -= old.range.count }
-                guard p.bytes + range.count <= Self.maximumQueuedBytes else { return (false, false) }
-                p.blocks[id] = Queued(etag: object.etag, bytes: bytes, range: range)
-                p.bytes += range.count
+                p.remove(id)
+                let growth = p.buffers[ObjectIdentifier(bytes)] == nil ? bytes.capacity : 0
+                guard p.bytes + growth <= Self.maximumQueuedBytes || p.blocks.isEmpty else { return (false, false) }
+                p.add(id, Queued(etag: object.etag, bytes: bytes, range: range))
                 defer { p.scheduled = true }
                 return (true, !p.scheduled)
             }
@@ -286,10 +309,7 @@ public final class BlockCache: Sendable {
             }
         }
         pending.withLock { p in
-            for (id, block) in blocks where p.blocks[id]?.bytes === block.bytes {
-                p.blocks[id] = nil
-                p.bytes -= block.range.count
-            }
+            for (id, block) in blocks { p.remove(id, only: block.bytes) }
         }
     }
 

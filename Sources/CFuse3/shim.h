@@ -10,6 +10,7 @@
 #include <fuse_lowlevel.h>
 #include <syslog.h>
 #include <signal.h>
+#include <malloc.h>
 
 static inline struct fuse_session *cssp_fuse_session_new(struct fuse_args *args,
         const struct fuse_lowlevel_ops *ops, void *userdata) {
@@ -42,5 +43,12 @@ static inline int cssp_block_termination_signals(int block) {
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGHUP);
     return pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
+
+/* Daemon process setup: a fixed mmap threshold, so that large transfer buffers are returned to
+ * the system when freed (glibc's dynamic threshold would keep them in per-thread heaps).
+ * mallopt lives in malloc.h, which Swift's Glibc module does not export. */
+static inline int cssp_fixed_mmap_threshold(int bytes) {
+    return mallopt(M_MMAP_THRESHOLD, bytes);
 }
 #endif

@@ -128,6 +128,7 @@ final class FileReader: Sendable {
             }
             missing.append(index)
         }
+        let neighbours = sequential ? [] : neighbours(of: missing)
         let mine: [Int64] = state.withLock { s in
             var mine: [Int64] = []
             for index in missing {
@@ -142,9 +143,25 @@ final class FileReader: Sendable {
             }
             return mine
         }
+        let extra: [Int64: Block] = state.withLock { s in
+            var extra: [Int64: Block] = [:]
+            for index in neighbours where s.blocks[index] == nil {
+                let block = Block(index: index)
+                s.blocks[index] = block
+                extra[index] = block
+            }
+            return extra
+        }
         if sequential { readAhead(after: last) }
-        for run in Self.runs(mine, longest: Int(fetchSize / blockSize)) {
-            load(run.map { waiting[$0]! })
+        for run in Self.runs(mine + extra.keys, longest: Int(fetchSize / blockSize)) {
+            // A random reader waits for the cache writer rather than lose its blocks: they are
+            // what its next reads hit. (Read-ahead never waits; its blocks are dropped instead.)
+            load(run.map { waiting[$0] ?? extra[$0]! }, waitForCache: !sequential)
+        }
+        if !extra.isEmpty {
+            state.withLock { s in
+                for (index, block) in extra where s.blocks[index] === block { s.blocks[index] = nil }
+            }
         }
         for (index, block) in waiting {
             switch block.wait() {
@@ -201,6 +218,25 @@ final class FileReader: Sendable {
         }
     }
 
+    /// For a random read of a file the cache can hold (half its size at most): the other blocks of
+    /// the aligned `fetchSize` group around each missing block, not cached yet. One GET of 8 MiB
+    /// costs about as much as one of 1 MiB here, and a file read at random is mostly read again,
+    /// so filling it in large pieces turns later reads into cache hits. Files larger than that
+    /// fetch only the blocks asked for.
+    private func neighbours(of missing: [Int64]) -> [Int64] {
+        guard let cache, !missing.isEmpty, size <= cache.capacity / 2 else { return [] }
+        let group = fetchSize / blockSize
+        let lastIndex = (size - 1) / blockSize
+        let wanted = Set(missing)
+        var result: [Int64] = []
+        for start in Set(missing.map { $0 / group * group }) {
+            for index in start..<min(start + group, lastIndex + 1) where !wanted.contains(index) {
+                if !cache.contains(cacheObject, block: index) { result.append(index) }
+            }
+        }
+        return result
+    }
+
     /// Groups ascending block indexes into runs of consecutive ones, each at most `longest` long.
     static func runs(_ indexes: [Int64], longest: Int) -> [[Int64]] {
         var runs: [[Int64]] = []
@@ -220,7 +256,7 @@ final class FileReader: Sendable {
     }
 
     /// Fetches consecutive blocks with one GET, finishes them, and offers them to the cache.
-    private func load(_ run: [Block]) {
+    private func load(_ run: [Block], waitForCache: Bool = false) {
         guard let head = run.first, let tail = run.last else { return }
         let lower = head.index * blockSize
         let upper = min(size, (tail.index + 1) * blockSize) - 1
@@ -229,8 +265,8 @@ final class FileReader: Sendable {
             for block in run {
                 let start = Int((block.index - head.index) * blockSize)
                 let range = start..<min(buffer.count, start + Int(blockSize))
-                cache?.store(cacheObject, block: block.index, bytes: buffer, range: range)
                 block.finish(.success(Block.Bytes(buffer: buffer, range: range)))
+                cache?.store(cacheObject, block: block.index, bytes: buffer, range: range, waitForRoom: waitForCache)
             }
         } catch {
             for block in run { block.finish(.failure(error)) }

@@ -22,8 +22,8 @@ public struct MountOptions: Sendable, Equatable {
     public var connectTimeout = 10
     public var stallTimeout = 30
     public var readAheadMiB = 32
-    /// Bytes the block cache may hold (0: no cache).
-    public var cacheSize: Int64 = 1 << 30
+    /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
+    public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
     /// Spool files live below this directory (nil: the default for the user).
     public var cacheDirectory: String? = nil
@@ -219,7 +219,7 @@ public enum Arguments {
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
           readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 32)
           cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
-                                 cache (default 1G)
+                                 cache (default 4G, or a quarter of the free space if less)
           cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)
           cache_dir=PATH         block cache and spool of files being written (default /var/cache/csspfs for
                                  root, else $XDG_CACHE_HOME/csspfs or ~/.cache/csspfs)

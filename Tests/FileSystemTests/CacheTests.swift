@@ -57,16 +57,34 @@ struct FilesystemCacheTests {
         #expect(store.counts.get == 0)
     }
 
-    @Test func aRandomReadFetchesItsBlockAndNeighboursInItNeedNoGet() throws {
+    @Test func aRandomReadFillsItsGroupOfBlocksWhenTheFileFitsTheCache() throws {
         let store = FakeObjectStore()
         let data = content(8 * Self.block)
         store.seed("f", data)
         let fs = makeFilesystem(store)
         _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
         store.resetCounts()
+        // Block 5 is asked for; the aligned group of 4 blocks (one 4-block fetch) comes with it.
         let offset = 5 * Self.block + 4096
         #expect(try read(fs, "f", offset: Int64(offset), length: 4096) == Array(data[offset..<(offset + 4096)]))
         #expect(store.counts.get == 1)
+        #expect(store.counts.getBytes == Int64(4 * Self.block))
+        for other in [4, 6, 7] {
+            let at = other * Self.block + 777
+            #expect(try read(fs, "f", offset: Int64(at), length: 100) == Array(data[at..<(at + 100)]))
+        }
+        #expect(store.counts.get == 1)
+    }
+
+    @Test func aRandomReadOfAFileLargerThanHalfTheCacheFetchesOnlyItsBlock() throws {
+        let store = FakeObjectStore()
+        let data = content(8 * Self.block)
+        store.seed("f", data)
+        let fs = makeFilesystem(store, capacity: Int64(6 * Self.block))
+        _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        store.resetCounts()
+        let offset = 5 * Self.block + 4096
+        #expect(try read(fs, "f", offset: Int64(offset), length: 4096) == Array(data[offset..<(offset + 4096)]))
         #expect(store.counts.getBytes == Int64(Self.block))
         #expect(try read(fs, "f", offset: Int64(offset + 20_000), length: 4096) == Array(data[(offset + 20_000)..<(offset + 24_096)]))
         #expect(store.counts.get == 1)

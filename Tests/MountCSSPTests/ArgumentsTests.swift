@@ -33,7 +33,7 @@ struct ArgumentsTests {
     }
 
     @Test func cacheSizesTakeUnits() throws {
-        #expect(try options(["http://h/c", "/m"]).cacheSize == 1 << 30)
+        #expect(try options(["http://h/c", "/m"]).cacheSize == nil)
         #expect(try options(["http://h/c", "/m", "-o", "cache_size=500"]).cacheSize == 500 << 20)
         #expect(try options(["http://h/c", "/m", "-o", "cache_size=4G"]).cacheSize == 4 << 30)
         #expect(try options(["http://h/c", "/m", "-o", "cache_size=64k"]).cacheSize == 64 << 10)
