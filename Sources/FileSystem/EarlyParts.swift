@@ -62,9 +62,9 @@ final class EarlyParts: Sendable {
     }
 
     private func upload(_ index: Int, generation: UInt64, path: String) {
-        let etag = try? store.put(
+        let etag = try? store.putPart(
             key: partPrefix + Uploader.partName(index + 1),
-            body: .file(path: path, offset: Int64(index) * partSize, length: partSize), contentType: nil, metadata: [:])
+            body: .file(path: path, offset: Int64(index) * partSize, length: partSize))
         state.withLock { s in
             s.running.remove(index)
             // A failed part is simply sent again at close.

@@ -59,10 +59,9 @@ struct Uploader {
         let failure = Concurrently.forEach(missing.count, width: concurrency) { (position) throws(ObjectStoreError) in
             let index = missing[position]
             let offset = Int64(index) * partSize
-            let etag = try store.put(
+            let etag = try store.putPart(
                 key: partPrefix + Uploader.partName(index + 1),
-                body: .file(path: path, offset: offset, length: min(partSize, size - offset)),
-                contentType: nil, metadata: [:])
+                body: .file(path: path, offset: offset, length: min(partSize, size - offset)))
             etags.withLock { $0[index] = etag }
         }
         do throws(ObjectStoreError) {

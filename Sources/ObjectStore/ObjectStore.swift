@@ -138,6 +138,10 @@ public protocol ObjectStore: Sendable {
         key: String, body: PutBody, contentType: String?, metadata: [String: String]
     ) throws(ObjectStoreError) -> String
 
+    /// Stores one part of a multipart upload; returns its ETag (the MD5 of its bytes), checked.
+    /// Unlike `put`, it may check the bytes after storing them: a part is seen only via a manifest.
+    func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String
+
     /// Writes a zero-byte DLO manifest whose parts are the keys starting with `partPrefix`.
     func putManifest(
         key: String, partPrefix: String, contentType: String?, metadata: [String: String]
@@ -177,5 +181,12 @@ extension ObjectStore {
         if let range { bytes.reserveCapacity(Int(range.length)) }
         _ = try get(key: key, range: range) { bytes.append(contentsOf: $0) }
         return bytes
+    }
+}
+
+extension ObjectStore {
+    /// A store that cannot check after storing checks before, as `put` does.
+    public func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {
+        try put(key: key, body: body, contentType: nil, metadata: [:])
     }
 }

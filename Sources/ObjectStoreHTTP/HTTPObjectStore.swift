@@ -101,6 +101,26 @@ public final class HTTPObjectStore: ObjectStore {
         return etag
     }
 
+    /// A part is hashed while it is sent and checked against the ETag the server computed, instead
+    /// of being read twice (hash, then send): a part is invisible until a manifest names it, and
+    /// the manifest is written only after every part checked out. A mismatch is sent again.
+    public func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {
+        var request = Request(method: "PUT", key: key)
+        request.body = body
+        request.contentType = "application/octet-stream"
+        request.hashBody = true
+        for attempt in 1...3 {
+            let response = try send(request)
+            let stored = Self.unquote(response.headers["etag"] ?? "")
+            if let sent = response.sentMD5, stored == sent { return stored }
+            logger.warning(
+                "part stored with a different MD5 than sent; sending it again",
+                metadata: ["key": "\(key)", "attempt": "\(attempt)"])
+        }
+        throw ObjectStoreError(
+            .invalidResponse, "part '\(key)' was stored with a different MD5 than was sent, three times")
+    }
+
     public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String])
         throws(ObjectStoreError)
     {
@@ -165,6 +185,8 @@ public final class HTTPObjectStore: ObjectStore {
         var contentType: String? = nil
         var range: ByteRange? = nil
         var body: PutBody? = nil
+        /// Hash the body while sending it (`Response.sentMD5`).
+        var hashBody = false
     }
 
     struct Response {
@@ -172,6 +194,8 @@ public final class HTTPObjectStore: ObjectStore {
         /// Lower-cased names.
         var headers: [String: String]
         var body: [UInt8]
+        /// The MD5 of the body sent, when the request asked for it.
+        var sentMD5: String? = nil
     }
 
     static func metadataHeaders(_ metadata: [String: String]) -> [(name: String, value: String)] {
@@ -249,6 +273,7 @@ public final class HTTPObjectStore: ObjectStore {
             context.upload = .bytes(bytes, position: 0)
         }
         defer { context.closeUpload() }
+        if request.hashBody { context.md5 = MD5() }
 
         let date = RequestSigner.httpDate(
             secondsSinceEpoch: Int(time(nil)) + configuration.clockOffsetSeconds)
@@ -313,7 +338,8 @@ public final class HTTPObjectStore: ObjectStore {
                 "cannot reach \(configuration.baseURL): \(reason); check the URL and that the service is reachable")
             return .failure(AttemptFailure(error: error, delivered: context.delivered))
         }
-        let response = Response(status: context.status, headers: context.headers, body: context.body)
+        let response = Response(
+            status: context.status, headers: context.headers, body: context.body, sentMD5: context.md5?.finalize())
         if (200..<300).contains(response.status) { return .success(response) }
         return .failure(AttemptFailure(error: error(for: response, request: request), delivered: context.delivered))
     }
@@ -450,6 +476,8 @@ final class TransferContext {
     var delivered: Int64 = 0
     var upload: Upload?
     var uploadError = false
+    /// Fed with every byte sent, when the request hashes its body.
+    var md5: MD5?
 
     var uploadLength: Int64 {
         switch upload {
@@ -513,6 +541,7 @@ private let curlRead: cssp_curl_data_cb = { ptr, size, count, user in
             }
         }
         context.upload = .bytes(bytes, position: position + n)
+        if n > 0 { context.md5?.update(UnsafeRawBufferPointer(start: ptr, count: n)) }
         return n
     case .file(let fd, let offset, let remaining):
         let want = min(capacity, Int(remaining))
@@ -524,6 +553,7 @@ private let curlRead: cssp_curl_data_cb = { ptr, size, count, user in
             return Int(CURL_READFUNC_ABORT)
         }
         context.upload = .file(fd: fd, offset: offset + Int64(n), remaining: remaining - Int64(n))
+        context.md5?.update(UnsafeRawBufferPointer(start: ptr, count: n))
         return n
     case nil:
         return 0
