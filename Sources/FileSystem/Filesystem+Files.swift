@@ -321,6 +321,7 @@ extension Filesystem {
                 current.etag = etag
                 current.manifest = manifest
                 current.confirmedAt = Self.now()
+                current.metadataKnownAt = current.confirmedAt
                 current.cachedEtag = etag
                 current.lastModified = Timestamp.now()
                 s.nodes[open.inode] = current
@@ -432,6 +433,12 @@ extension Filesystem {
     private func persistAttributesLocked(_ node: Node) throws(FSError) {
         do {
             switch node.kind {
+            case .file where Self.now() - node.metadataKnownAt <= configuration.attributeCacheSeconds:
+                // Just stored or confirmed (rsync's chmod and utimes right after writing): what
+                // the POST must keep is known, no HEAD needed.
+                try store.post(
+                    key: node.key, contentType: node.stored.contentType(base: node.baseContentType),
+                    metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
             case .file, .symlink:
                 let info = try store.head(key: node.key)
                 let base = StoredAttributes.parse(contentType: info.contentType).base

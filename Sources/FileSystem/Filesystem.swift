@@ -60,6 +60,9 @@ public final class Filesystem: Sendable {
         var symlinkTarget: String? = nil
         /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
         var extraMetadata: [String: String] = [:]
+        /// When the object's full metadata was last known (a HEAD, or our own upload); 0 = never
+        /// (a listing shows no metadata).
+        var metadataKnownAt: Double = 0
         /// Bumped by every local attribute change. A HEAD that started before a change must not
         /// overwrite it with what the server had then (`apply` checks).
         var attributeVersion: UInt64 = 0
@@ -191,6 +194,7 @@ public final class Filesystem: Sendable {
         node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         node.manifest = info.manifest
         node.extraMetadata = info.metadata.filter { !Self.ownMetadataNames.contains($0.key) }
+        node.metadataKnownAt = Self.now()
         if node.kind == .symlink, let target = info.metadata[StoredAttributes.symlinkTargetHeader] {
             node.symlinkTarget = target
         }

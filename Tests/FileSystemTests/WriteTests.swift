@@ -133,6 +133,23 @@ struct FilesystemWriteTests {
         #expect(store.object("a") == nil)
     }
 
+    @Test func chmodAndUtimesRightAfterWritingNeedNoHead() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: "r", mode: 0o644, caller: caller)
+        try write(fs, opened.handle, Array("rsync".utf8))
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        store.resetCounts()
+        _ = try fs.setattr(attributes.inode, AttributeChanges(mode: 0o600))
+        _ = try fs.setattr(attributes.inode, AttributeChanges(modified: Timestamp(seconds: 1_500_000_000, nanoseconds: 7)))
+        #expect(store.counts.head == 0)
+        #expect(store.counts.post == 2)
+        let stored = try #require(store.object("r"))
+        #expect(stored.metadata["mode"] == "0600" && stored.metadata["mtime"] == "1500000000.000000007")
+        #expect(stored.bytes == Array("rsync".utf8))
+    }
+
     @Test func chmodKeepsForeignMetadata() throws {
         let store = FakeObjectStore()
         store.seed("f", text: "x")
