@@ -21,7 +21,7 @@ public struct MountOptions: Sendable, Equatable {
     public var retries = 6
     public var connectTimeout = 10
     public var stallTimeout = 30
-    public var readAheadMiB = 32
+    public var readAheadMiB = 24
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
     public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
@@ -217,7 +217,7 @@ public enum Arguments {
           entry_timeout=S        seconds the kernel caches names (default 1)
           negative_timeout=S     seconds the kernel caches "no such file" (default 1)
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
-          readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 32)
+          readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 24)
           cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
                                  cache (default 4G, or a quarter of the free space if less)
           cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)
