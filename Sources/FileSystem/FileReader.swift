@@ -17,7 +17,10 @@ import Glibc
 ///    shared: a second read of it waits for the first fetch (`Block.wait`) instead of its own GET.
 /// 3. From the second sequential read on, the window doubles per read, from one block up to
 ///    `maximumWindow` (mountpoint-s3's ramp), and blocks not cached are fetched ahead, several GETs
-///    of up to `fetchSize` at once. A random read resets the window and fetches only its own block(s).
+///    of up to `fetchSize` at once. A random read resets the window and fetches its own block(s),
+///    with their aligned `fetchSize` group when the file fits the cache (`neighbours`).
+/// 6. A DLO's bytes are cached only when the response names the ETag the open confirmed: its
+///    parts can change under a stable manifest, and cached bytes must match their ETag.
 /// 4. Without a cache, a random read fetches exactly the bytes asked for (nothing would keep the rest).
 /// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
 final class FileReader: Sendable {
@@ -251,7 +254,7 @@ final class FileReader: Sendable {
     }
 
     private func readDirect(offset: Int64, end: Int64, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
-        let bytes = try fetch(ByteRange(lower: offset, upper: end - 1))
+        let (bytes, _) = try fetch(ByteRange(lower: offset, upper: end - 1))
         bytes.withBytes(0..<bytes.count, reply)
     }
 
@@ -261,19 +264,22 @@ final class FileReader: Sendable {
         let lower = head.index * blockSize
         let upper = min(size, (tail.index + 1) * blockSize) - 1
         do throws(FSError) {
-            let buffer = try fetch(ByteRange(lower: lower, upper: upper))
+            let (buffer, versionChecked) = try fetch(ByteRange(lower: lower, upper: upper))
             for block in run {
                 let start = Int((block.index - head.index) * blockSize)
                 let range = start..<min(buffer.count, start + Int(blockSize))
                 block.finish(.success(Block.Bytes(buffer: buffer, range: range)))
-                cache?.store(cacheObject, block: block.index, bytes: buffer, range: range, waitForRoom: waitForCache)
+                if versionChecked {
+                    cache?.store(cacheObject, block: block.index, bytes: buffer, range: range, waitForRoom: waitForCache)
+                }
             }
         } catch {
             for block in run { block.finish(.failure(error)) }
         }
     }
 
-    private func fetch(_ range: ByteRange) throws(FSError) -> ByteBuffer {
+    /// The bytes of `range`, and whether the response proved they belong to `etag`.
+    private func fetch(_ range: ByteRange) throws(FSError) -> (ByteBuffer, versionChecked: Bool) {
         let buffer = ByteBuffer(capacity: Int(range.length))
         let info: ObjectInfo
         do {
@@ -290,7 +296,7 @@ final class FileReader: Sendable {
             throw FSError(
                 .ioError, "read '\(key)': expected \(range.length) bytes at \(range.lower), got \(buffer.count)")
         }
-        return buffer
+        return (buffer, info.etag == etag)
     }
 }
 
