@@ -34,10 +34,17 @@ Things that are easy to get wrong here:
    ``swift.authorize`` through make_env; it allows only the key's account.
 5. Secrets and signatures never reach a log line; the StringToSign of a failed
    request does (at info level), because it is what a client author needs.
+6. With ``pass_other_auth`` (off by default), a request that carries another
+   scheme's credentials instead of a CSSP signature (see other_credentials)
+   goes on unchanged, so that tempauth and s3api further down can serve the
+   benchmark's peers (rclone, s3fs) on the same accounts. Those middlewares
+   then must be in the pipeline: they, not this one, refuse bad tokens. A
+   request with neither kind of credentials is still refused here.
 
 Filter options: ``keys_file`` (lines ``ACCESS_KEY:SECRET:ACCOUNT``, ``#``
 starts a comment; re-read when it changes), ``max_skew`` (seconds, default
-900), ``fault_file`` (optional test hook, see parse_faults).
+900), ``fault_file`` (optional test hook, see parse_faults),
+``pass_other_auth`` (boolean, default false; see point 6).
 """
 
 import base64
@@ -52,7 +59,7 @@ from xml.sax.saxutils import escape
 
 from swift.common.swob import (RESPONSE_REASONS, HTTPForbidden, Request,
                                Response)
-from swift.common.utils import get_logger
+from swift.common.utils import config_true_value, get_logger
 
 XML_DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>\n'
 META_PREFIX = 'x-object-meta'
@@ -243,6 +250,22 @@ def string_to_sign(method, headers, path):
     return b''.join(parts)
 
 
+def other_credentials(env):
+    """True if the request carries non-CSSP credentials for a later middleware.
+
+    Those are an S3 Authorization header (s3api, signature v2 or v4), or, with
+    no Authorization header at all, a Swift token or tempauth's user and key
+    headers (the v1 auth request). Read from the environ, where the later
+    middlewares read them.
+    """
+    authorization = env.get('HTTP_AUTHORIZATION')
+    if authorization is not None:
+        return authorization.startswith(('AWS ', 'AWS4-HMAC-SHA256 '))
+    return any(env.get(name) for name in (
+        'HTTP_X_AUTH_TOKEN', 'HTTP_X_STORAGE_TOKEN',
+        'HTTP_X_AUTH_USER', 'HTTP_X_STORAGE_USER'))
+
+
 def sign(secret, string):
     """base64(HMAC-SHA1(secret, string)) as ASCII text."""
     digest = hmac.new(secret, string, hashlib.sha1).digest()
@@ -279,9 +302,13 @@ class CsspAuth(object):
         self.max_skew = float(conf.get('max_skew', 900))
         fault_file = conf.get('fault_file')
         self.faults = FaultRules(fault_file) if fault_file else None
+        self.pass_other_auth = config_true_value(
+            conf.get('pass_other_auth', False))
         self.clock = clock
 
     def __call__(self, env, start_response):
+        if self.pass_other_auth and other_credentials(env):
+            return self.app(env, start_response)
         try:
             credential = self._authenticate(env)
         except ErrorResponse as error:

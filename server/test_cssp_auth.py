@@ -452,6 +452,83 @@ class FaultTests(CsspAuthTestCase):
                             for line in self.logger.lines))
 
 
+class PassOtherAuthTests(CsspAuthTestCase):
+    """pass_other_auth: other schemes' requests reach the next middleware."""
+
+    def setUp(self):
+        CsspAuthTestCase.setUp(self)
+        self.middleware = cssp_auth.CsspAuth(
+            self.app, {'keys_file': self.keys_file,
+                       'pass_other_auth': 'true'},
+            clock=lambda: NOW, logger=self.logger)
+
+    def assert_passed_unchanged(self, method, path, headers):
+        resp, inner = self.request(method, path, headers)
+        self.assertEqual(resp.status_int, 200)
+        self.assertEqual(inner['PATH_INFO'], path.partition('?')[0])
+        for name in ('swift.authorize', 'swift.authorize_override',
+                     'swift_owner', 'REMOTE_USER'):
+            self.assertNotIn(name, inner)
+        return inner
+
+    def test_off_by_default(self):
+        self.middleware = cssp_auth.CsspAuth(
+            self.app, {'keys_file': self.keys_file}, logger=self.logger)
+        self.assertFalse(self.middleware.pass_other_auth)
+        for headers in ({'X-Auth-Token': 'AUTH_tk1'},
+                        {'X-Auth-User': 'a:u', 'X-Auth-Key': 'k'},
+                        {'Authorization': 'AWS a:u:sig'}):
+            resp, inner = self.request('GET', '/c/k', headers)
+            self.assertIsNone(inner)
+            self.assert_error(resp, 401, 'AuthFailure')
+
+    def test_swift_token_passes(self):
+        for name in ('X-Auth-Token', 'X-Storage-Token'):
+            self.assert_passed_unchanged(
+                'GET', '/v1/AUTH_tester/c/k', {name: 'AUTH_tk1'})
+
+    def test_v1_auth_request_passes(self):
+        for user, key in (('X-Auth-User', 'X-Auth-Key'),
+                          ('X-Storage-User', 'X-Storage-Pass')):
+            self.assert_passed_unchanged(
+                'GET', '/auth/v1.0', {user: 'tester:u', key: 'k'})
+
+    def test_s3_signatures_pass_with_their_authorization_header(self):
+        for value in ('AWS tester:u:c2lnbmF0dXJl',
+                      'AWS4-HMAC-SHA256 Credential=tester:u/20231114/'
+                      'us-east-1/s3/aws4_request, SignedHeaders=host, '
+                      'Signature=abc'):
+            inner = self.assert_passed_unchanged(
+                'PUT', '/bucket/key?partNumber=1&uploadId=x',
+                {'Authorization': value})
+            self.assertEqual(inner['HTTP_AUTHORIZATION'], value)
+
+    def test_requests_without_credentials_are_still_refused(self):
+        for headers in ({}, {'Date': DATE}, {'X-Auth-Token': ''},
+                        {'Authorization': 'Bearer abc'},
+                        {'Authorization': 'AWS4-HMAC-SHA1 x'},
+                        # A non-S3 Authorization header is not trumped
+                        # by a token: the request is judged as CSSP.
+                        {'Authorization': 'Basic eDp5',
+                         'X-Auth-Token': 'AUTH_tk1'}):
+            resp, inner = self.request('GET', '/c/k', headers)
+            self.assertIsNone(inner, headers)
+            self.assert_error(resp, 401, 'AuthFailure')
+
+    def test_cssp_signature_wins_over_a_token(self):
+        sts = b'GET\n\n\n' + DATE.encode() + b'\n/c/k'
+        headers = self.signed_headers(sts, extra={'X-Auth-Token': 'AUTH_x'})
+        resp, inner = self.request('GET', '/c/k', headers)
+        self.assertEqual(resp.status_int, 200)
+        self.assertEqual(inner['PATH_INFO'], '/v1/AUTH_tester/c/k')
+        self.assertTrue(inner['swift.authorize_override'])
+        headers['Authorization'] = 'CSSP %s:%s' % (
+            ACCESS_KEY, hmac_sha1_b64('wrong', sts))
+        resp, inner = self.request('GET', '/c/k', headers)
+        self.assertIsNone(inner)
+        self.assert_error(resp, 403, 'SignatureDoesNotMatch')
+
+
 class FilterFactoryTests(unittest.TestCase):
 
     def test_filter_factory(self):
@@ -467,6 +544,7 @@ class FilterFactoryTests(unittest.TestCase):
         self.assertIsInstance(middleware, cssp_auth.CsspAuth)
         self.assertEqual(middleware.max_skew, 60)
         self.assertIsNone(middleware.faults)
+        self.assertFalse(middleware.pass_other_auth)
 
 
 if __name__ == '__main__':

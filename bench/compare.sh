@@ -1,0 +1,502 @@
+#!/usr/bin/env bash
+# Issue 4 numbers (a benchmark, not a test): csspfs side by side with its peers, rclone mount
+# (Swift backend) and s3fs (through s3api), each as installed and tuned, and the raw ceiling
+# (curl and cssp-tool), on one local server and one container, in one run:
+#   read     sequential dd read of a 1 GiB object: cold (fresh mount, page cache dropped),
+#            then warm (again on the same mount), MB/s
+#   fio      4 KiB random reads of that object, fio psync, 4 jobs, FIO_SECONDS (default 20) s, IOPS
+#   write    dd of a 1 GiB file into the mount, until the object is on the server, MB/s
+#   create   cp -r of 1000 files of 4 KiB, until all are on the server, files/s
+#   ls       ls -l of a 10 000-object directory: fresh mount, then again on the same mount, s
+#   rsync    rsync -a re-run over 1000 unchanged files after a remount (must send nothing), s
+# and, for every mount the workloads make, the time from the mount command to the first `ls`
+# (median) and the daemon's peak RSS (VmHWM before unmount, maximum).
+#
+#   bench/compare.sh                          everything, medians of RUNS=3 (about 40 minutes)
+#   RUNS=1 TOOLS="csspfs s3fs-default" WORKLOADS="read ls" bench/compare.sh
+#
+# Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs rclone-default rclone-tuned s3fs-default
+# s3fs-tuned); WORKLOADS (read fio write create ls rsync); FIO_SECONDS (20); WAIT_TIMEOUT
+# (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
+# COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
+# left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
+# S3FS_TUNED_EXTRA (more rclone flags, more s3fs -o options) try other tunings.
+#
+# Subtleties:
+# 1. "Until stored" means the object is on the server, not that close returned: rclone with a
+#    VFS cache uploads after close, so every write workload polls the server (HEAD or LIST)
+#    until the sizes match, and the clock stops then.
+# 2. Cold means cold everywhere: each mount gets a fresh, empty cache directory (csspfs
+#    cache_dir, rclone --cache-dir, s3fs use_cache) and the page cache is dropped before it.
+#    The isolated cache directory is not a tuning; the tuned options are in TUNED below.
+# 3. Seeds persist in the server's container "compare" and are checked, not trusted:
+#    seed/big-1g, seed/many/ (10 000 objects; seeding takes minutes), and one rsync tree per
+#    peer (rsync-csspfs/, rsync-rclone/, rsync-s3fs/), written by an untimed first rsync when
+#    the server does not hold it yet. The 1000-file source is made deterministic (content and
+#    mtime) so that trees from an earlier run still match it; the re-run's transfer count
+#    (reported if not 0) checks that.
+# 4. Write workloads write below w-<tool>/ and delete it after each run, with the parts of
+#    multipart uploads: csspfs's below .cssp-parts/, s3api's in container compare+segments.
+# 5. Each tool writes only below its own top-level prefixes: the tools disagree on directory
+#    markers and on X-Object-Meta-Mode (csspfs writes octal permissions, s3fs a decimal
+#    st_mode), and s3fs shows a csspfs-made "dir/" marker as a file.
+# 6. rclone and s3fs authenticate through tempauth and s3api on the same account as the CSSP
+#    key (scripts/cssp-server, subtlety 6), so all of them see the same objects.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
+export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
+ALL_TOOLS="ceiling csspfs rclone-default rclone-tuned s3fs-default s3fs-tuned"
+TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
+WORKLOADS=${WORKLOADS:-read fio write create ls rsync}
+FIO_SECONDS=${FIO_SECONDS:-20}
+WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
+CONTAINER=compare
+GIB=1073741824
+MANY=10000
+
+die() {
+    echo "compare: $*" >&2
+    exit 1
+}
+note() { echo "compare: $*" >&2; }
+
+for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
+for w in $WORKLOADS; do
+    [[ " read fio write create ls rsync " == *" $w "* ]] || die "unknown workload $w (read fio write create ls rsync)"
+done
+wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
+uses() { [[ " $TOOLS " == *" $1"* ]]; }
+
+# The peers and fio are bench-only dependencies: installed here, not by scripts/setup.
+needed=()
+uses rclone && ! command -v rclone >/dev/null && needed+=(rclone)
+uses s3fs && ! command -v s3fs >/dev/null && needed+=(s3fs)
+wants fio && ! command -v fio >/dev/null && needed+=(fio)
+command -v rsync >/dev/null || needed+=(rsync)
+if ((${#needed[@]})); then
+    note "installing ${needed[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q "${needed[@]}" >/dev/null 2>&1 || {
+        apt-get update -q >/dev/null
+        apt-get install -y -q "${needed[@]}" >/dev/null
+    }
+fi
+[[ $(id -u) == 0 ]] || die "run as root (drop_caches, FUSE mounts)"
+
+server_was_running=false
+"$REPO/scripts/cssp-server" status >/dev/null 2>&1 && server_was_running=true
+# shellcheck source=bench/common.sh
+. "$REPO/bench/common.sh"
+URL=$("$REPO/scripts/cssp-server" create-container "$CONTAINER")
+SEGMENTS_URL=$URL+segments # s3api's multipart segments
+OUT=$REPO/.work/compare
+rm -rf "$OUT"
+mkdir -p "$OUT/logs"
+RESULTS=$OUT/results.tsv
+: >"$RESULTS"
+WORK=$(mktemp -d /tmp/cssp-compare-XXXX)
+MNT=$WORK/mnt
+CACHE=$WORK/cache
+mkdir -p "$MNT"
+
+export RCLONE_CONFIG_CSSP_TYPE=swift RCLONE_CONFIG_CSSP_AUTH=$CSSP_PEER_AUTH_URL
+export RCLONE_CONFIG_CSSP_USER=$CSSP_PEER_USER RCLONE_CONFIG_CSSP_KEY=$CSSP_PEER_KEY
+: >"$WORK/rclone.conf"
+
+# What a user would tune; see bench/RESULTS.md ("Issue 4") for the reasons.
+RCLONE_TUNED=(--vfs-cache-mode full --vfs-write-back 0s --buffer-size 32M --vfs-read-ahead 128M
+    --vfs-read-chunk-size 32M --vfs-read-chunk-size-limit off --dir-cache-time 1h --attr-timeout 10s
+    --transfers 8 --checkers 16 --vfs-fast-fingerprint)
+read -ra extra <<<"${RCLONE_TUNED_EXTRA:-}"
+RCLONE_TUNED+=("${extra[@]}")
+S3FS_TUNED=use_cache=$CACHE,parallel_count=8,multipart_size=64,multireq_max=40,max_stat_cache_size=200000,stat_cache_expire=3600,enable_noobj_cache,kernel_cache
+S3FS_TUNED+=${S3FS_TUNED_EXTRA:+,$S3FS_TUNED_EXTRA}
+
+TOOL_NAME= # the tool being measured
+DAEMON=    # PID of its mount daemon
+
+cleanup() {
+    local status=$?
+    if mountpoint -q "$MNT" 2>/dev/null; then
+        fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" || true
+    fi
+    rm -rf "$WORK"
+    if ! $server_was_running && [[ ${KEEP_SERVER:-0} != 1 ]]; then
+        "$REPO/scripts/cssp-server" stop >/dev/null || true
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+record() { printf '%s\t%s\t%s\n' "$TOOL_NAME" "$1" "$2" >>"$RESULTS"; }
+per_second() { awk -v n="$1" -v s="$2" 'BEGIN { print n / s }'; }
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+pid_alive() {
+    local state
+    kill -0 "$1" 2>/dev/null || return 1
+    state=$(awk '/^State:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
+    [[ -n $state && $state != Z ]]
+}
+
+# The PID of the daemon serving $MNT: the one mount.cssp, rclone or s3fs process with $MNT as
+# an argument (the mount point is a fresh temporary directory, so the match is exact).
+daemon_pid() {
+    local proc comm found=()
+    for proc in /proc/[0-9]*; do
+        comm=$(cat "$proc/comm" 2>/dev/null) || continue
+        case $comm in mount.cssp | rclone | s3fs) ;; *) continue ;; esac
+        if tr '\0' '\n' <"$proc/cmdline" 2>/dev/null | grep -qxF -- "$MNT"; then
+            found+=("${proc#/proc/}")
+        fi
+    done
+    ((${#found[@]} == 1)) || die "expected one daemon for $MNT, found: ${found[*]:-none}"
+    echo "${found[0]}"
+}
+
+mount_command() {
+    local log=$OUT/logs/$TOOL_NAME.log
+    case $TOOL_NAME in
+        csspfs) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE" ;;
+        rclone-default | rclone-tuned)
+            local tuned=()
+            [[ $TOOL_NAME == rclone-tuned ]] && tuned=("${RCLONE_TUNED[@]}")
+            rclone mount "cssp:$CONTAINER" "$MNT" --daemon --config "$WORK/rclone.conf" \
+                --cache-dir "$CACHE" --log-file "$OUT/logs/$TOOL_NAME.rclone.log" "${tuned[@]}"
+            ;;
+        s3fs-default | s3fs-tuned)
+            local opts=url=$CSSP_SERVER_URL,use_path_request_style
+            [[ $TOOL_NAME == s3fs-tuned ]] && opts+=,$S3FS_TUNED
+            AWSACCESSKEYID=$CSSP_PEER_USER AWSSECRETACCESSKEY=$CSSP_PEER_KEY s3fs "$CONTAINER" "$MNT" -o "$opts"
+            ;;
+    esac >>"$log" 2>&1
+}
+
+# A fresh mount of $TOOL_NAME on $MNT, page cache dropped and cache directory empty. Records
+# the time from the mount command to the first successful ls.
+mount_fresh() {
+    rm -rf "$CACHE"
+    mkdir -p "$CACHE"
+    drop_caches
+    local t deadline=$((SECONDS + 60))
+    t=$(now)
+    mount_command || die "mounting $TOOL_NAME failed; see $OUT/logs/$TOOL_NAME.log"
+    until mountpoint -q "$MNT" && ls "$MNT" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die "$TOOL_NAME: no answer from $MNT after 60 s; see $OUT/logs/$TOOL_NAME.log"
+        sleep 0.01
+    done
+    record mount "$(since "$t")"
+    DAEMON=$(daemon_pid)
+}
+
+# Records the daemon's peak RSS, unmounts and waits until the daemon has exited.
+unmount_it() {
+    local hwm deadline=$((SECONDS + 120))
+    hwm=$(awk '/^VmHWM:/ { print $2 }' "/proc/$DAEMON/status") || die "$TOOL_NAME daemon $DAEMON is gone"
+    record rss "$(awk -v k="$hwm" 'BEGIN { print k / 1024 }')"
+    fusermount3 -u "$MNT" || die "cannot unmount $MNT ($TOOL_NAME)"
+    while pid_alive "$DAEMON"; do
+        ((SECONDS < deadline)) || die "$TOOL_NAME daemon $DAEMON still runs 120 s after unmount"
+        sleep 0.05
+    done
+    rm -rf "$CACHE"
+}
+
+# Copies $1 to $2 with dd bs=1M; prints the seconds. Dies unless 1 GiB went through.
+dd_gib() {
+    local t out bytes
+    t=$(now)
+    out=$(dd if="$1" of="$2" bs=1M 2>&1) || die "$TOOL_NAME: dd $1 -> $2 failed: $out"
+    t=$(since "$t")
+    bytes=$(awk '/copied/ { print $1 }' <<<"$out")
+    [[ $bytes == "$GIB" ]] || die "$TOOL_NAME: dd $1 -> $2 moved $bytes bytes"
+    echo "$t"
+}
+
+# Waits until object $1 has size $2 on the server.
+wait_object() {
+    local deadline=$((SECONDS + WAIT_TIMEOUT))
+    until [[ $("$TOOL" "$URL" stat "$1" 2>/dev/null | awk 'NR == 1 && $1 == "size" { print $2 }') == "$2" ]]; do
+        ((SECONDS < deadline)) || die "$TOOL_NAME: $1 not stored with size $2 after $WAIT_TIMEOUT s"
+        sleep 0.1
+    done
+}
+
+# Waits until $2 objects of $3 bytes are stored below prefix $1.
+wait_objects() {
+    local deadline=$((SECONDS + WAIT_TIMEOUT)) n
+    while :; do
+        n=$("$TOOL" "$URL" ls "$1" | awk -v size="$3" '$1 == size' | wc -l)
+        ((n >= $2)) && return 0
+        ((SECONDS < deadline)) || die "$TOOL_NAME: only $n of $2 objects below $1 after $WAIT_TIMEOUT s"
+        sleep 0.2
+    done
+}
+
+remove_writes() {
+    "$TOOL" "$URL" rm-prefix w- >/dev/null
+    "$TOOL" "$URL" rm-prefix .cssp-parts/ >/dev/null # csspfs's multipart parts
+    if "$TOOL" "$SEGMENTS_URL" head >/dev/null 2>&1; then
+        "$TOOL" "$SEGMENTS_URL" rm-prefix "" >/dev/null
+    fi
+}
+
+ls_many() { # prints the seconds of one ls -l of seed/many through the mount
+    local t n
+    t=$(now)
+    n=$(ls -l "$MNT/seed/many" | wc -l)
+    t=$(since "$t")
+    ((n == MANY + 1)) || die "$TOOL_NAME: ls -l of seed/many printed $n lines, expected $((MANY + 1))"
+    echo "$t"
+}
+
+# --- the workloads through a mount ---
+
+workload_read() {
+    local s
+    mount_fresh
+    s=$(dd_gib "$MNT/seed/big-1g" /dev/null)
+    record read_cold "$(per_second 1073.741824 "$s")"
+    s=$(dd_gib "$MNT/seed/big-1g" /dev/null)
+    record read_warm "$(per_second 1073.741824 "$s")"
+    unmount_it
+}
+
+workload_fio() {
+    local json=$OUT/logs/fio-$TOOL_NAME.json iops
+    mount_fresh
+    fio --name=randread --filename="$MNT/seed/big-1g" --readonly --rw=randread --bs=4k \
+        --ioengine=psync --direct=0 --invalidate=0 --numjobs=4 --group_reporting \
+        --time_based --runtime="$FIO_SECONDS" --output-format=json --output="$json" \
+        >>"$OUT/logs/fio.log" 2>&1 || die "$TOOL_NAME: fio failed; see $OUT/logs/fio.log"
+    iops=$(/usr/bin/python3 -c '
+import json, sys
+job = json.load(open(sys.argv[1]))["jobs"][0]
+if job["error"]:
+    sys.exit("fio error %d" % job["error"])
+print(job["read"]["iops"])' "$json") || die "$TOOL_NAME: no IOPS in $json"
+    record fio "$iops"
+    unmount_it
+}
+
+workload_write() {
+    local s t
+    mount_fresh
+    mkdir -p "$MNT/w-$TOOL_NAME"
+    t=$(now)
+    dd_gib "$SRC_1G" "$MNT/w-$TOOL_NAME/big-1g" >/dev/null
+    wait_object "w-$TOOL_NAME/big-1g" "$GIB"
+    s=$(since "$t")
+    record write "$(per_second 1073.741824 "$s")"
+    unmount_it
+    remove_writes
+}
+
+workload_create() {
+    local t
+    mount_fresh
+    mkdir -p "$MNT/w-$TOOL_NAME"
+    t=$(now)
+    cp -r "$SRC_SMALL" "$MNT/w-$TOOL_NAME/create"
+    wait_objects "w-$TOOL_NAME/create/" 1000 4096
+    record create "$(per_second 1000 "$(since "$t")")"
+    unmount_it
+    remove_writes
+}
+
+workload_ls() {
+    local s
+    mount_fresh
+    s=$(ls_many)
+    record ls_cold "$s"
+    s=$(ls_many)
+    record ls_warm "$s"
+    unmount_it
+}
+
+workload_rsync() {
+    local tree=rsync-${TOOL_NAME%%-*} t out s sent
+    if [[ $("$TOOL" "$URL" ls "$tree/" | awk '$1 == 4096' | wc -l) != 1000 ]]; then
+        note "$TOOL_NAME: first rsync into $tree/ (untimed; kept for later runs)"
+        mount_fresh
+        rsync -a "$SRC_SMALL/" "$MNT/$tree/"
+        wait_objects "$tree/" 1000 4096
+        unmount_it
+    fi
+    mount_fresh
+    t=$(now)
+    out=$(rsync -a --stats "$SRC_SMALL/" "$MNT/$tree/")
+    s=$(since "$t")
+    sent=$(awk -F': ' '/^Number of regular files transferred/ { print $2 }' <<<"$out")
+    [[ -n $sent ]] || die "$TOOL_NAME: no transfer count in rsync --stats"
+    record rsync "$s"
+    record rsync_sent "$sent"
+    ((sent == 0)) || note "WARNING: $TOOL_NAME: the rsync re-run sent $sent unchanged files again"
+    unmount_it
+}
+
+# --- the ceiling: the same requests without a filesystem ---
+
+ceiling_run() {
+    local t s code n metric
+    if wants read; then
+        drop_caches
+        for metric in read_cold read_warm; do
+            t=$(now)
+            code=$("$REPO/scripts/cssp-curl" -s -o /dev/null -w '%{http_code} %{size_download}' "$URL/seed/big-1g")
+            s=$(since "$t")
+            [[ $code == "200 $GIB" ]] || die "ceiling: GET seed/big-1g: $code"
+            record "$metric" "$(per_second 1073.741824 "$s")"
+        done
+    fi
+    if wants write; then
+        t=$(now)
+        code=$("$REPO/scripts/cssp-curl" -s -o /dev/null -w '%{http_code}' -T "$SRC_1G" "$URL/w-ceiling/big-1g")
+        s=$(since "$t")
+        [[ $code == 201 ]] || die "ceiling: PUT w-ceiling/big-1g: $code"
+        wait_object w-ceiling/big-1g "$GIB"
+        record write "$(per_second 1073.741824 "$s")"
+        remove_writes
+    fi
+    if wants create; then # serial PUTs, as cp makes them
+        t=$(now)
+        "$TOOL" "$URL" put-many w-ceiling/create/f 1000 4096 1 >/dev/null
+        record create "$(per_second 1000 "$(since "$t")")"
+        remove_writes
+    fi
+    if wants ls; then
+        for metric in ls_cold ls_warm; do
+            t=$(now)
+            n=$("$TOOL" "$URL" ls seed/many/ / | wc -l)
+            record "$metric" "$(since "$t")"
+            ((n == MANY)) || die "ceiling: listed $n objects below seed/many/"
+        done
+    fi
+}
+
+# --- seeds and sources ---
+
+if wants read || wants fio; then
+    if ! "$TOOL" "$URL" stat seed/big-1g 2>/dev/null | grep -q "^size $GIB "; then
+        note "seeding seed/big-1g"
+        head -c "$GIB" /dev/urandom >"$WORK/seed-1g"
+        "$TOOL" "$URL" put seed/big-1g "$WORK/seed-1g" >/dev/null
+        rm -f "$WORK/seed-1g"
+    fi
+fi
+if wants ls && [[ $("$TOOL" "$URL" ls seed/many/ | wc -l) != "$MANY" ]]; then
+    note "seeding $MANY objects below seed/many/ (a few minutes; kept for later runs)"
+    "$TOOL" "$URL" rm-prefix seed/many/ >/dev/null
+    "$TOOL" "$URL" put-many seed/many/obj- "$MANY" 1 16 >/dev/null
+fi
+SRC_1G=$WORK/src-1g
+if wants write; then
+    head -c "$GIB" /dev/urandom >"$SRC_1G"
+fi
+SRC_SMALL=$WORK/small
+if wants create || wants rsync; then
+    # Deterministic content and mtimes (subtlety 3).
+    /usr/bin/python3 - "$SRC_SMALL" <<'PY'
+import os, random, sys
+root = sys.argv[1]
+os.makedirs(root)
+for i in range(1000):
+    path = os.path.join(root, "f%04d" % i)
+    with open(path, "wb") as f:
+        f.write(random.Random(i).randbytes(4096))
+    os.utime(path, (1700000000, 1700000000))
+os.utime(root, (1700000000, 1700000000))
+PY
+fi
+remove_writes
+
+started=$SECONDS
+for run in $(seq "$RUNS"); do
+    for TOOL_NAME in $TOOLS; do
+        note "run $run/$RUNS: $TOOL_NAME ($((SECONDS - started)) s so far)"
+        if [[ $TOOL_NAME == ceiling ]]; then
+            ceiling_run
+            continue
+        fi
+        for w in $WORKLOADS; do
+            "workload_$w"
+        done
+    done
+done
+note "measured in $((SECONDS - started)) s; raw values in $RESULTS, daemon logs in $OUT/logs"
+
+/usr/bin/python3 - "$RESULTS" "$RUNS" $TOOLS <<'PY'
+import statistics, sys
+path, runs, tools = sys.argv[1], sys.argv[2], sys.argv[3:]
+values = {}
+for line in open(path):
+    tool, metric, value = line.rstrip("\n").split("\t")
+    values.setdefault((tool, metric), []).append(float(value))
+
+# metric, label, higher is better
+ROWS = [
+    ("read_cold", "seq read 1 GiB, cold, MB/s", True),
+    ("read_warm", "seq read 1 GiB, warm (same mount), MB/s", True),
+    ("fio", "4 KiB random read, fio 4 jobs, IOPS", True),
+    ("write", "seq write 1 GiB until stored, MB/s", True),
+    ("create", "create 1000 x 4 KiB until stored, files/s", True),
+    ("ls_cold", "ls -l 10 000 entries, fresh mount, s", False),
+    ("ls_warm", "ls -l 10 000 entries, same mount, s", False),
+    ("rsync", "rsync -a re-run, 1000 unchanged files, s", False),
+    ("mount", "mount command to first ls, s", False),
+    ("rss", "peak RSS of the daemon (VmHWM), MiB", False),
+]
+PEERS = [t for t in tools if t not in ("ceiling", "csspfs")]
+
+def summary(tool, metric):
+    v = values.get((tool, metric))
+    if not v:
+        return None
+    return max(v) if metric == "rss" else statistics.median_low(sorted(v))
+
+def fmt(x):
+    if x is None:
+        return "-"
+    if x >= 100:
+        return "%.0f" % x
+    if x >= 10:
+        return "%.1f" % x
+    if x >= 1:
+        return "%.2f" % x
+    return "%.3f" % x
+
+width = 44
+show_ratio = "csspfs" in tools and PEERS
+print("%-*s" % (width, "workload (median of %s; RSS: max)" % runs)
+      + "".join("%15s" % t for t in tools)
+      + ("%15s" % "csspfs/best" if show_ratio else ""))
+for metric, label, higher in ROWS:
+    cells = [summary(t, metric) for t in tools]
+    if all(c is None for c in cells):
+        continue
+    line = "%-*s" % (width, label) + "".join("%15s" % fmt(c) for c in cells)
+    if show_ratio:
+        mine = summary("csspfs", metric)
+        peers = [summary(t, metric) for t in PEERS]
+        peers = [p for p in peers if p is not None]
+        if mine is None or not peers:
+            line += "%15s" % "-"
+        else:
+            best = max(peers) if higher else min(peers)
+            line += "%15s" % ("%.3g" % (mine / best) if best else "-")
+    print(line)
+if show_ratio:
+    print("csspfs/best: csspfs divided by the best peer; above 1 is better for MB/s, IOPS and files/s,"
+          " below 1 for s and MiB.")
+for t in tools:
+    sent = values.get((t, "rsync_sent"), [])
+    if any(sent):
+        print("note: the rsync re-run on %s sent %s unchanged files again (runs: %s)"
+              % (t, int(max(sent)), ", ".join("%d" % s for s in sent)))
+PY
