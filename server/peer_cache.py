@@ -1,4 +1,4 @@
-"""An in-process stand-in for memcache, for the test server's tempauth.
+"""An in-process stand-in for memcache, for the test server's proxy.
 
 tempauth keeps its tokens only in ``swift.cache`` (it answers 500 without one),
 and s3api authenticates through tempauth. The test server runs one proxy
@@ -6,12 +6,11 @@ process and no memcached, so this filter puts a dictionary there instead.
 
 Things that are easy to get wrong here:
 
-1. The proxy also caches account and container info in ``swift.cache``
-   whenever it is present. CSSP requests never had a cache, so this filter
-   serves only requests that no earlier middleware has authorized: cssp_auth
-   sets ``swift.authorize_override`` on every request it lets in, and those go
-   on exactly as before. Only the benchmark's peers (tempauth tokens, s3api)
-   see a cache, as they would in a real deployment with memcached.
+1. Every request gets the cache, CSSP ones included, as every request would
+   with memcached in a deployment: the proxy then caches account and
+   container info instead of fetching both for each object request. Serving
+   only the peers would make the server slower for csspfs than for them, and
+   the benchmark unfair.
 2. Values are stored as JSON, as memcache stores them, so a caller that
    mutates what it got back cannot change the cached copy, and tuples come
    back as lists, as they do from memcache.
@@ -82,8 +81,7 @@ class PeerCache(object):
         self.cache = cache or DictCache(int(conf.get('max_entries', 10000)))
 
     def __call__(self, env, start_response):
-        if not env.get('swift.authorize_override'):
-            env.setdefault('swift.cache', self.cache)
+        env.setdefault('swift.cache', self.cache)
         return self.app(env, start_response)
 
 

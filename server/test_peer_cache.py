@@ -86,10 +86,13 @@ class PeerCacheFilterTests(unittest.TestCase):
         self.assertIs(self.seen[0], self.seen[1])
         self.assertEqual(self.seen[0].max_entries, 5)
 
-    def test_requests_authorized_earlier_get_no_cache(self):
+    def test_cssp_requests_get_the_same_cache(self):
+        # As with memcached in a deployment: csspfs and the peers see one server.
+        Request.blank('/auth/v1.0').get_response(self.filter)
         Request.blank('/v1/AUTH_a/c', environ={
             'swift.authorize_override': True}).get_response(self.filter)
-        self.assertEqual(self.seen, [None])
+        self.assertIsInstance(self.seen[1], peer_cache.DictCache)
+        self.assertIs(self.seen[0], self.seen[1])
 
 
 if __name__ == '__main__':
