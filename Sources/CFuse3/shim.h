@@ -45,6 +45,15 @@ static inline int cssp_block_termination_signals(int block) {
     return pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
 }
 
+/* Puts bytes of an inode into the kernel's page cache (FUSE_NOTIFY_STORE), so that reads of
+ * them never reach the daemon. FUSE_BUFVEC_INIT is a macro Swift cannot use. */
+static inline int cssp_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset,
+                                    const void *bytes, size_t size) {
+    struct fuse_bufvec bufv = FUSE_BUFVEC_INIT(size);
+    bufv.buf[0].mem = (void *)bytes;
+    return fuse_lowlevel_notify_store(se, ino, offset, &bufv, 0);
+}
+
 /* Daemon process setup: a fixed mmap threshold, so that large transfer buffers are returned to
  * the system when freed (glibc's dynamic threshold would keep them in per-thread heaps).
  * mallopt lives in malloc.h, which Swift's Glibc module does not export. */

@@ -34,6 +34,10 @@ final class FileReader: Sendable {
     private let blockSize: Int64
     private let fetchSize: Int64
     private let maximumWindow: Int64
+    /// Kernel page-cache stores queued or running, process-wide.
+    private static let kernelStores = Atomic<Int>(0)
+    /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
+    private let kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)?
 
     private struct State {
         /// Blocks fetched or being fetched for this handle, by index.
@@ -52,8 +56,10 @@ final class FileReader: Sendable {
 
     init(
         store: any ObjectStore, key: String, size: Int64, etag: String, isManifest: Bool,
-        cache: BlockCache?, cacheName: String, fetchSize: Int, maximumWindow: Int
+        cache: BlockCache?, cacheName: String, fetchSize: Int, maximumWindow: Int,
+        kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
     ) {
+        self.kernel = kernel
         self.store = store
         self.key = key
         self.size = size
@@ -272,6 +278,21 @@ final class FileReader: Sendable {
                 if versionChecked {
                     cache?.store(cacheObject, block: block.index, bytes: buffer, range: range, waitForRoom: waitForCache)
                 }
+            }
+            // Only for random readers: a sequential one is served by the kernel's own read-ahead.
+            // Never on this thread: the kernel locks the pages the pending read is waiting for,
+            // so storing into them before that read is answered would deadlock.
+            // At most two stores wait at a time (each holds its 8 MiB buffer); past that the
+            // bytes are not offered: the kernel will simply ask for them.
+            if waitForCache && versionChecked, let kernel,
+                Self.kernelStores.add(1, ordering: .relaxed).newValue <= 2
+            {
+                DispatchQueue.global().async {
+                    buffer.withBytes(0..<buffer.count) { kernel(lower, $0) }
+                    Self.kernelStores.subtract(1, ordering: .relaxed)
+                }
+            } else if waitForCache && versionChecked && kernel != nil {
+                Self.kernelStores.subtract(1, ordering: .relaxed)
             }
         } catch {
             for block in run { block.finish(.failure(error)) }

@@ -25,6 +25,15 @@ extension Filesystem {
             concurrency: configuration.uploadConcurrency)
     }
 
+    /// Puts bytes a random reader fetched into the kernel's page cache, unless the file has a
+    /// spool (a writer). A writer that appears while the bytes are stored gets the kernel's pages
+    /// of the file dropped, so it never reads older bytes than its own.
+    func offerToKernel(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
+        guard state.withLock({ $0.openFiles[inode] == nil }) else { return }
+        kernelCache.store(inode, at: offset, bytes)
+        if state.withLock({ $0.openFiles[inode] != nil }) { kernelCache.invalidate(inode) }
+    }
+
     /// The name of `key`'s blocks in the block cache.
     func cacheName(_ key: String) -> String { configuration.cacheIdentity + "/" + key }
 
@@ -55,10 +64,17 @@ extension Filesystem {
             node = try refresh(node)
         }
         guard writable || truncate else {
+            var kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
+            if kernelCache.isInstalled {
+                kernel = { [weak self] (offset: Int64, bytes: UnsafeRawBufferPointer) in
+                    self?.offerToKernel(inode, at: offset, bytes)
+                }
+            }
             let reader = FileReader(
                 store: store, key: node.key, size: node.size, etag: node.etag, isManifest: node.manifest != nil,
                 cache: configuration.blockCache, cacheName: cacheName(node.key),
-                fetchSize: configuration.readFetchSize, maximumWindow: configuration.readAheadWindow)
+                fetchSize: configuration.readFetchSize, maximumWindow: configuration.readAheadWindow,
+                kernel: kernel)
             let handle = register(.remote(reader))
             let keep = state.withLock { s in
                 let keep = s.nodes[inode]?.cachedEtag == node.etag

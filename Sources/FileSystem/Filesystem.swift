@@ -99,6 +99,8 @@ public final class Filesystem: Sendable {
 
     /// Protects every table above.
     let state: Mutex<State>
+    /// Stores fetched bytes in the kernel's page cache (installed by the FUSE layer).
+    public let kernelCache = KernelCache()
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST.

@@ -84,6 +84,22 @@ public final class FuseSession {
     }
 
     /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's status.
+    /// Lets `filesystem` put bytes into the kernel's page cache (see `KernelCache`).
+    public func installKernelCache(on filesystem: Filesystem) {
+        struct SessionPointer: @unchecked Sendable {  // libfuse's notify calls are thread-safe.
+            let raw: OpaquePointer
+        }
+        let session = SessionPointer(raw: self.session)
+        filesystem.kernelCache.install(
+            store: { inode, offset, bytes in
+                guard let base = bytes.baseAddress else { return }
+                _ = cssp_notify_store(session.raw, fuse_ino_t(inode), off_t(offset), base, bytes.count)
+            },
+            invalidate: { inode in
+                _ = fuse_lowlevel_notify_inval_inode(session.raw, fuse_ino_t(inode), 0, 0)
+            })
+    }
+
     public func run() -> Int32 {
         _ = fuse_set_signal_handlers(session)
         _ = cssp_block_termination_signals(0)

@@ -183,6 +183,7 @@ enum MountCommand {
         } catch {
             return fail(error.description, ExitStatus.mountFailure)
         }
+        session.installKernelCache(on: filesystem)
         logger.info("mounted \(options.endpoint.url) on \(options.mountpoint) as \(credentials)")
         if !options.foreground {
             // The parent returns only once the mount answers (see FuseSession.daemonize).

@@ -71,6 +71,31 @@ struct CacheMountTests {
         #expect(try changed.unmount() == 0)
     }
 
+    @Test func randomReadersSeeTheSourceByteForByte() throws {
+        // Random reads fill the cache in 8 MiB pieces and store them in the kernel's page cache
+        // too; four parallel readers compare every 4 KiB piece with the local source.
+        let fixture = try Fixture.get()
+        let mount = try Mount(fixture.environment, container: fixture.container, options: ["cache_dir=" + cacheDirectory])
+        defer { try? FileManager.default.removeItem(atPath: cacheDirectory) }
+        let script = """
+            import os, random, sys
+            a, b = os.open(sys.argv[1], os.O_RDONLY), os.open(sys.argv[2], os.O_RDONLY)
+            size, bad = os.fstat(b).st_size, 0
+            random.seed(int(sys.argv[3]))
+            for _ in range(2000):
+                off = random.randrange(0, size - 4096)
+                bad += os.pread(a, 4096, off) != os.pread(b, 4096, off)
+            print(bad)
+            """
+        let readers = try shell(
+            "for i in 1 2 3 4; do /usr/bin/python3 -c \(quoted(script)) \(quoted(mount.path("big/random.bin"))) "
+                + "\(quoted(fixture.local + "/random.bin")) $i & done; wait")
+        #expect(readers.stdout == "0\n0\n0\n0\n", "\(readers)")
+        // What the kernel now holds and what it still asks for add up to the object.
+        #expect(try md5(mount.path("big/random.bin")) == fixture.bigMD5)
+        #expect(try mount.unmount() == 0)
+    }
+
     @Test func theCacheFileStaysWithinItsCap() throws {
         let fixture = try Fixture.get()
         let mount = try Mount(

@@ -90,6 +90,31 @@ struct FilesystemCacheTests {
         #expect(store.counts.get == 1)
     }
 
+    @Test func randomReadersOfferTheirFetchToTheKernelSequentialOnesDoNot() throws {
+        let store = FakeObjectStore()
+        let data = content(8 * Self.block)
+        store.seed("f", data)
+        let fs = makeFilesystem(store)
+        let stored = Mutex<[(InodeNumber, Int64, [UInt8])]>([])
+        let done = DispatchSemaphore(value: 0)
+        fs.kernelCache.install(
+            store: { inode, offset, bytes in
+                stored.withLock { $0.append((inode, offset, [UInt8](bytes))) }
+                done.signal()
+            }, invalidate: { _ in })
+        let inode = try fs.lookup(parent: Filesystem.rootInode, name: "f").inode
+        _ = try read(fs, "f", offset: Int64(5 * Self.block + 10), length: 100)
+        #expect(done.wait(timeout: .now() + 10) == .success)
+        let offers = stored.withLock { $0 }
+        #expect(offers.count == 1)
+        #expect(offers.first?.0 == inode)
+        #expect(offers.first?.1 == Int64(4 * Self.block))
+        #expect(offers.first?.2 == Array(data[(4 * Self.block)..<(8 * Self.block)]))
+        // A sequential reader is left to the kernel's own read-ahead.
+        #expect(try readAll(fs, "f") == data)
+        #expect(stored.withLock { $0.count } == 1)
+    }
+
     @Test func aChangedObjectIsNeverServedFromOldBlocks() throws {
         let store = FakeObjectStore()
         let old = content(3 * Self.block, seed: 1)
