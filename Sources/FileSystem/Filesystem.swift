@@ -189,9 +189,20 @@ public final class Filesystem: Sendable {
     /// Takes what a HEAD said; the stored attributes only if no local change happened since the
     /// HEAD was sent (`seenAtVersion`).
     func apply(_ info: ObjectInfo, to node: inout Node, seenAtVersion version: UInt64) {
+        let sameVersion = !node.etag.isEmpty && node.etag == info.etag
         node.size = info.size
         node.etag = info.etag
-        node.lastModified = Timestamp(info.lastModified)
+        // A HEAD's Last-Modified is whole seconds (Swift rounds the object's time up); a listing
+        // has microseconds. Keep the listing's time when they agree: a time that changes under
+        // the kernel makes it drop the file's page cache (and `ls -l` would jitter).
+        let headTime = Timestamp(info.lastModified)
+        let known = node.lastModified
+        let roundedUp = known.seconds + (known.nanoseconds > 0 ? 1 : 0)
+        if sameVersion && (headTime.seconds == roundedUp || headTime == known) {
+            node.lastModified = known
+        } else {
+            node.lastModified = headTime
+        }
         if node.attributeVersion == version { node.stored = StoredAttributes.of(info) }
         node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         node.manifest = info.manifest

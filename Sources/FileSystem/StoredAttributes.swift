@@ -52,6 +52,21 @@ public struct StoredAttributes: Sendable, Equatable {
         return attributes
     }
 
+    /// The permission bits of a stored mode. Tools disagree on the format: csspfs writes octal
+    /// permissions with a leading zero (`0755`), rclone an octal `st_mode` (`100755`), s3fs a
+    /// decimal one (`33261`; read as octal it would claim setgid). Without a leading zero, a
+    /// number that is a whole `st_mode` (a real file type) in decimal is read as decimal; anything
+    /// else as octal, and only bare permissions or a whole `st_mode` are taken.
+    static func permissions(_ text: String) -> UInt16? {
+        let types: Set<UInt32> = [0o140000, 0o120000, 0o100000, 0o060000, 0o040000, 0o020000, 0o010000]
+        func isMode(_ value: UInt32) -> Bool { value <= 0o177777 && types.contains(value & 0o170000) }
+        if !text.hasPrefix("0"), let value = UInt32(text, radix: 10), value > 0o7777, isMode(value) {
+            return UInt16(value & 0o7777)
+        }
+        guard let value = UInt32(text, radix: 8), value <= 0o7777 || isMode(value) else { return nil }
+        return UInt16(value & 0o7777)
+    }
+
     /// Attributes of an object from its HEAD: metadata headers over content-type parameters.
     public static func of(_ info: ObjectInfo) -> StoredAttributes {
         var attributes = parse(contentType: info.contentType).attributes
@@ -66,7 +81,7 @@ public struct StoredAttributes: Sendable, Equatable {
     private mutating func set(_ name: String, _ value: String) {
         switch name {
         case "mtime": mtime = Timestamp(parsing: value) ?? mtime
-        case "mode": mode = UInt16(value, radix: 8).map { $0 & 0o7777 } ?? mode
+        case "mode": mode = Self.permissions(value) ?? mode
         case "uid": uid = UInt32(value) ?? uid
         case "gid": gid = UInt32(value) ?? gid
         default: break

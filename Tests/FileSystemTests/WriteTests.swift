@@ -150,6 +150,16 @@ struct FilesystemWriteTests {
         #expect(stored.bytes == Array("rsync".utf8))
     }
 
+    @Test(arguments: [
+        ("0640", UInt16(0o640)), ("755", 0o755), ("100644", 0o644), ("40755", 0o755), ("120777", 0o777),
+        ("33261", 0o755), ("16877", 0o755), ("16420", 0o44), ("41471", 0o777), ("0", 0), ("banana", nil),
+        ("99999999", nil),
+    ])
+    func modesWrittenByOtherToolsAreRead(text: String, permissions: UInt16?) {
+        // csspfs (octal permissions), rclone (octal st_mode), s3fs (decimal st_mode).
+        #expect(StoredAttributes.permissions(text) == permissions)
+    }
+
     @Test func chmodKeepsForeignMetadata() throws {
         let store = FakeObjectStore()
         store.seed("f", text: "x")
