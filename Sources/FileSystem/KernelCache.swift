@@ -1,5 +1,9 @@
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A way to put fetched bytes into the kernel's page cache before anyone reads them, installed
 /// by the FUSE layer (FileSystem knows no FUSE). Used for random readers: the 8 MiB fetched
 /// around a random read is stored in the kernel too, so the next reads in it are page-cache hits
@@ -12,22 +16,48 @@ public final class KernelCache: Sendable {
     public typealias Store = @Sendable (InodeNumber, Int64, UnsafeRawBufferPointer) -> Void
     public typealias Invalidate = @Sendable (InodeNumber) -> Void
 
-    /// Protects the installed functions.
+    /// Protects the installed functions (never held while one runs: a store can wait for pages
+    /// the kernel has locked for a read not answered yet).
     private let functions = Mutex<(store: Store, invalidate: Invalidate)?>(nil)
+    private let installed = Atomic<Bool>(false)
+    /// Calls into the session under way (`uninstall` waits for them).
+    private let running = Atomic<Int>(0)
 
     public init() {}
 
     public func install(store: @escaping Store, invalidate: @escaping Invalidate) {
         functions.withLock { $0 = (store, invalidate) }
+        installed.store(true, ordering: .sequentiallyConsistent)
     }
 
-    var isInstalled: Bool { functions.withLock { $0 != nil } }
+    /// Stops further calls and waits (up to 2 s) for running ones, so that the session can be
+    /// destroyed. Called after the unmount, when the kernel fails any store at once.
+    public func uninstall() {
+        installed.store(false, ordering: .sequentiallyConsistent)
+        functions.withLock { $0 = nil }
+        var waited = 0
+        while running.load(ordering: .sequentiallyConsistent) > 0 && waited < 2000 {
+            usleep(1000)
+            waited += 1
+        }
+    }
+
+    var isInstalled: Bool { installed.load(ordering: .sequentiallyConsistent) }
+
+    private func call(_ body: ((store: Store, invalidate: Invalidate)) -> Void) {
+        guard let installed = functions.withLock({ $0 }) else { return }
+        running.add(1, ordering: .sequentiallyConsistent)
+        defer { running.subtract(1, ordering: .sequentiallyConsistent) }
+        // Checked again after counting, so that `uninstall` either sees this call or stops it.
+        guard isInstalled else { return }
+        body(installed)
+    }
 
     func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
-        functions.withLock { $0 }?.store(inode, offset, bytes)
+        call { $0.store(inode, offset, bytes) }
     }
 
     func invalidate(_ inode: InodeNumber) {
-        functions.withLock { $0 }?.invalidate(inode)
+        call { $0.invalidate(inode) }
     }
 }

@@ -83,7 +83,6 @@ public final class FuseSession {
         }
     }
 
-    /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's status.
     /// Lets `filesystem` put bytes into the kernel's page cache (see `KernelCache`).
     public func installKernelCache(on filesystem: Filesystem) {
         struct SessionPointer: @unchecked Sendable {  // libfuse's notify calls are thread-safe.
@@ -100,6 +99,7 @@ public final class FuseSession {
             })
     }
 
+    /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's status.
     public func run() -> Int32 {
         _ = fuse_set_signal_handlers(session)
         _ = cssp_block_termination_signals(0)
@@ -110,6 +110,9 @@ public final class FuseSession {
             fuse_session_unmount(session)
             mounted = false
         }
+        // Page-cache stores must be over before the session is destroyed; unmounted, the
+        // kernel fails any of them at once.
+        adapter.filesystem.kernelCache.uninstall()
         return rc
     }
 }
