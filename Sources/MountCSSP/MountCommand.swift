@@ -143,17 +143,16 @@ enum MountCommand {
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
         fsConfiguration.directoryTime = Timestamp.now()
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
+        let cacheDirectory = cacheDirectory(options, env)
         fsConfiguration.blockCache = BlockCache.open(
-            path: cacheDirectory(options, env) + "/blocks.db",
-            capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory(options, env)),
+            path: cacheDirectory + "/blocks.db", capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory),
             blockSize: options.cacheBlockKiB << 10, logger: logger)
         // Credentials are not part of it: blocks are also checked by ETag, which is the content's MD5.
         fsConfiguration.cacheIdentity = options.endpoint.baseURL + "/" + options.endpoint.container
         fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
         fsConfiguration.partSize = Int64(options.partSizeMiB) << 20
         fsConfiguration.uploadConcurrency = options.uploadParallelism
-        fsConfiguration.spoolDirectory =
-            cacheDirectory(options, env) + "/spool/" + spoolName(for: options.endpoint)
+        fsConfiguration.spoolDirectory = cacheDirectory + "/spool/" + spoolName(for: options.endpoint)
         let filesystem: Filesystem
         do {
             filesystem = try Filesystem(store: store, configuration: fsConfiguration, logger: logger)
