@@ -103,6 +103,9 @@ public final class Filesystem: Sendable {
     public let kernelCache = KernelCache()
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
+    /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them.
+    let prefetch = Mutex(PrefetchState())
+    let prefetching = DispatchGroup()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST.
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
 
@@ -265,6 +268,12 @@ public final class Filesystem: Sendable {
             let known = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0] } }
             if let known, known.kind == entry.kind, Self.now() - known.confirmedAt <= configuration.attributeCacheSeconds {
                 if entry.kind == .file { entry.size = known.size }
+            } else if case .known(let answer) = prefetchedMetadata(entry, wait: true) {
+                guard answer != nil || entry.kind == .directory else {
+                    throw FSError(.notFound, "'\(entry.key)' is gone from the server")
+                }
+                info = answer
+                markerChecked = true
             } else {
                 do {
                     info = try store.head(key: entry.key)
@@ -274,6 +283,25 @@ public final class Filesystem: Sendable {
                     throw FSError(storeError: error, operation: "lookup", path: entry.key)
                 }
                 if info != nil { markerChecked = true }
+                recordPrefetched(entry, answer: .some(info))
+            }
+        } else if entry.kind == .file, Self.needsMetadata(entry) {
+            // Another tool's object: its metadata headers, if the background HEAD has them (or
+            // had queued it). Without them the listing's attributes serve.
+            switch prefetchedMetadata(entry, wait: true) {
+            case .known(let answer): info = answer
+            case .yours:
+                do {
+                    info = try store.head(key: entry.key)
+                    recordPrefetched(entry, answer: .some(info))
+                } catch where error.code == .notFound {
+                    recordPrefetched(entry, answer: .some(nil))
+                    throw FSError(.notFound, "'\(entry.key)' is gone from the server")
+                } catch {
+                    recordPrefetched(entry, answer: nil)
+                    logger.debug("HEAD of '\(entry.key)' failed, using the listing: \(error)")
+                }
+            case .unknown: break
             }
         }
         return state.withLock { s in
@@ -320,6 +348,7 @@ public final class Filesystem: Sendable {
         table.reserveCapacity(entries.count)
         for entry in entries { table[entry.name] = entry }
         state.withLock { s in s.listings[inode] = Listing(entries: table, completedAt: Self.now()) }
+        prefetchMetadata(of: entries, in: inode)
         return table
     }
 
@@ -351,6 +380,11 @@ public final class Filesystem: Sendable {
         case .file, .symlink:
             let unchanged = node.attributeVersion == version
             if let info {
+                if node.etag != entry.etag && info.etag == entry.etag {
+                    // What the listing showed, so that `apply` keeps its precise time.
+                    node.etag = entry.etag
+                    node.lastModified = entry.lastModified
+                }
                 apply(info, to: &node, seenAtVersion: version)
             } else if entry.size > 0 || node.etag != entry.etag || node.confirmedAt == 0 {
                 let parsed = StoredAttributes.parse(contentType: entry.contentType)
@@ -407,6 +441,8 @@ public final class Filesystem: Sendable {
         case (let info?, let noChildren):
             if ObjectKey.isDirectoryContentType(info.contentType) { return directory }
             let entry = Self.entry(name: name, info: info)
+            // The HEAD has the metadata headers a listing lacks: the lookup uses them.
+            recordPrefetched(entry, answer: .some(info))
             if noChildren { return entry }
             let resolution = DirectoryBuilder.resolve(
                 key: key, manifest: info.manifest, container: store.containerName, childrenPreview: children)
@@ -509,13 +545,20 @@ public final class Filesystem: Sendable {
         emit: (String, NodeKind, InodeNumber, Attributes?, Int64) -> Bool
     ) throws(FSError) {
         try walk(inode, handle: handle, offset: offset) { item, next in
+            // Another tool's object: its metadata headers if a background HEAD already has them.
+            var info: ObjectInfo? = nil
+            if case .listed(let entry) = item, entry.kind == .file, entry.size > 0, Self.needsMetadata(entry),
+                case .known(let answer?) = prefetchedMetadata(entry, wait: false)
+            {
+                info = answer
+            }
             let linked: (String, NodeKind, Attributes?)? = state.withLock { s in
                 switch item {
                 case .dot: return nil
                 case .listed(let entry):
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
                     let version = s.children[inode]?[entry.name].flatMap { s.nodes[$0]?.attributeVersion } ?? 0
-                    let attributes = link(entry, parent: inode, info: nil, markerChecked: false, version: version, in: &s)
+                    let attributes = link(entry, parent: inode, info: info, markerChecked: false, version: version, in: &s)
                     return (entry.name, entry.kind, attributes)
                 case .local(let name, let child):
                     guard var node = s.nodes[child], let open = s.openFiles[child] else { return nil }
@@ -589,6 +632,8 @@ public final class Filesystem: Sendable {
         guard collision.file.size == 0 else { return .directoryWins }
         do {
             let info = try store.head(key: collision.file.key)
+            // The lookup that follows uses this HEAD (the file is a zero-byte object, see needsMetadata).
+            recordPrefetched(DirectoryBuilder.file(collision.name, collision.file), answer: .some(info))
             let children = try store.list(prefix: collision.file.key + "/", delimiter: "/", marker: nil, limit: 2)
             return DirectoryBuilder.resolve(
                 key: collision.file.key, manifest: info.manifest, container: store.containerName,

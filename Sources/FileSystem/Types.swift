@@ -92,6 +92,8 @@ public struct FilesystemConfiguration: Sendable {
     /// Files larger than this are uploaded as a multipart (DLO) upload.
     public var multipartThreshold: Int64 = 64 << 20
     public var partSize: Int64 = 32 << 20
+    /// Listed entries HEADed in the background per listing for what listings lack (0 = none).
+    public var metadataPrefetchLimit: Int = 10_000
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).

@@ -113,6 +113,7 @@ public final class FuseSession {
         // Page-cache stores must be over before the session is destroyed; unmounted, the
         // kernel fails any of them at once.
         adapter.filesystem.kernelCache.uninstall()
+        adapter.filesystem.stopPrefetching()
         return rc
     }
 }

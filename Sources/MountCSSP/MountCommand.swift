@@ -143,6 +143,7 @@ enum MountCommand {
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
         fsConfiguration.directoryTime = Timestamp.now()
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
+        fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
         let cacheDirectory = cacheDirectory(options, env)
         fsConfiguration.blockCache = BlockCache.open(
             path: cacheDirectory + "/blocks.db", capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory),

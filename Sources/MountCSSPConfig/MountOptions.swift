@@ -22,6 +22,8 @@ public struct MountOptions: Sendable, Equatable {
     public var connectTimeout = 10
     public var stallTimeout = 30
     public var readAheadMiB = 24
+    /// Listed entries HEADed in the background per listing (0: none).
+    public var metadataPrefetch = 10_000
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
     public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
@@ -174,6 +176,7 @@ public enum Arguments {
         case "connect_timeout": options.connectTimeout = try integer(1...600)
         case "stall_timeout": options.stallTimeout = try integer(1...3600)
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
+        case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
             let kib = try integer(64...16384)
@@ -218,6 +221,9 @@ public enum Arguments {
           negative_timeout=S     seconds the kernel caches "no such file" (default 1)
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
           readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 24)
+          meta_prefetch=N        after a listing, HEAD up to N entries it cannot describe (other tools'
+                                 objects, directories, empty files) in the background, 4 at a time;
+                                 0 = off (default 10000)
           cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
                                  cache (default 4G, or a quarter of the free space if less)
           cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)

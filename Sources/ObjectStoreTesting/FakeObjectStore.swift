@@ -51,10 +51,13 @@ public final class FakeObjectStore: ObjectStore {
     public func resetCounts() { state.withLock { $0.counts = Counts() } }
 
     /// Seeds an object without counting a request.
-    public func seed(_ key: String, _ bytes: [UInt8] = [], contentType: String = "application/octet-stream", manifest: String? = nil) {
+    public func seed(
+        _ key: String, _ bytes: [UInt8] = [], contentType: String = "application/octet-stream", manifest: String? = nil,
+        metadata: [String: String] = [:]
+    ) {
         state.withLock { s in
             s.clock += 1
-            s.objects[key] = Object(bytes: bytes, contentType: contentType, metadata: [:], manifest: manifest, modified: s.clock)
+            s.objects[key] = Object(bytes: bytes, contentType: contentType, metadata: metadata, manifest: manifest, modified: s.clock)
         }
     }
 
@@ -208,6 +211,9 @@ public final class FakeObjectStore: ObjectStore {
             object.contentType = contentType
             object.metadata = metadata
             object.manifest = manifest
+            // As Swift (fast POST): the listing shows the time of the metadata change.
+            s.clock += 1
+            object.modified = s.clock
             s.objects[key] = object
         }
     }

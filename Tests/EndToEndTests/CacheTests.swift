@@ -8,17 +8,8 @@ import Testing
 struct CacheMountTests {
     let cacheDirectory = NSTemporaryDirectory() + "cssp-e2e-cache-" + UUID().uuidString.prefix(8)
 
-    /// GETs of `key` in `container` that the proxy logged as started at or after `since`.
     func gets(_ environment: Environment, container: String, key: String, since: Double) throws -> Int {
-        let directory = try #require(environment.serverDirectory, "CSSP_SERVER_DIR is not set (scripts/test sets it)")
-        let log = try String(contentsOfFile: directory + "/log/proxy.log", encoding: .utf8)
-        var count = 0
-        for line in log.split(separator: "\n") where line.contains(" GET ") && line.contains("/\(container)/\(key)") {
-            // The second-to-last and third-to-last fields are the request's start and end times.
-            let fields = line.split(separator: " ")
-            if fields.count > 3, let start = Double(fields[fields.count - 3]), start >= since { count += 1 }
-        }
-        return count
+        try environment.requests("GET", container: container, key: key, since: since)
     }
 
     func randomBytes(_ count: Int) -> [UInt8] {

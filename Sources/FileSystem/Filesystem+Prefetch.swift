@@ -1,0 +1,232 @@
+import Dispatch
+import ObjectStore
+import Synchronization
+
+/// Background HEADs after a listing: the metadata a listing cannot show.
+///
+/// A listing gives name, size, ETag, time and content type. That is everything for files csspfs
+/// wrote (their attributes ride in the content type), but not for:
+/// - objects other tools wrote, whose mtime and mode are `X-Object-Meta-*` headers only a HEAD returns;
+/// - zero-byte objects, which may be DLO manifests;
+/// - directories, whose attributes live on a `dir/` marker object.
+/// After a listing is remembered, up to `metadataPrefetchLimit` such entries are HEADed by
+/// `prefetchConcurrency` background workers, so that the `stat`s and lookups which follow find
+/// the answer instead of each sending a HEAD in turn.
+///
+/// Subtleties:
+/// 1. `ls -l` never waits for these HEADs: readdirplus sends the listing's attributes, or the
+///    HEAD's if it is already known. A lookup waits for a HEAD already running for its name, and
+///    sends a queued one itself (the queue is then one worker wider).
+/// 2. A file's answer holds while the listing shows the same ETag and time (a POST of new
+///    metadata changes the listing's time), so a later listing of an unchanged directory sends no
+///    HEAD again. A directory marker's answer holds for `directoryCacheSeconds`, like a listing.
+/// 3. The table of answers is bounded (`prefetchTableLimit`); past it, old answers are dropped.
+extension Filesystem {
+    static let prefetchConcurrency = 4
+    static let prefetchTableLimit = 50_000
+
+    struct PrefetchJob: Sendable {
+        var parent: InodeNumber
+        var entry: DirectoryEntry
+        /// The node's attribute version when the job was queued (see `apply`).
+        var version: UInt64
+    }
+
+    enum PrefetchSlot {
+        case queued
+        case running(DispatchGroup)
+        /// The HEAD's answer (nil: no such object, meaning no marker for a directory).
+        case done(ObjectInfo?, etag: String, listed: Timestamp, at: Double)
+    }
+
+    struct PrefetchState {
+        var slots: [String: PrefetchSlot] = [:]
+        var queue: [PrefetchJob] = []
+        var next = 0
+        var workers = 0
+        var stopped = false
+    }
+
+    /// Drops every answer once the table is full (queued and running HEADs stay).
+    private static func bound(_ p: inout PrefetchState) {
+        guard p.slots.count >= prefetchTableLimit else { return }
+        p.slots = p.slots.filter { if case .done = $0.value { false } else { true } }
+    }
+
+    /// Whether a listed entry's attributes need a HEAD (see the type's notes).
+    static func needsMetadata(_ entry: DirectoryEntry) -> Bool {
+        switch entry.kind {
+        case .directory: return true
+        case .symlink: return false
+        case .file: return entry.size == 0 || StoredAttributes.parse(contentType: entry.contentType).attributes.mtime == nil
+        }
+    }
+
+    /// Queues HEADs for the entries of a listing of `parent` that need one and have no answer yet.
+    func prefetchMetadata(of entries: [DirectoryEntry], in parent: InodeNumber) {
+        let limit = configuration.metadataPrefetchLimit
+        guard limit > 0 else { return }
+        let now = Self.now()
+        let wanted = Array(entries.lazy.filter(Self.needsMetadata).prefix(limit))
+        guard !wanted.isEmpty else { return }
+        let versions: [String: UInt64] = state.withLock { s in
+            guard let children = s.children[parent] else { return [:] }
+            var versions: [String: UInt64] = [:]
+            for entry in wanted {
+                if let inode = children[entry.name], let node = s.nodes[inode] { versions[entry.name] = node.attributeVersion }
+            }
+            return versions
+        }
+        let start: Int = prefetch.withLock { p in
+            guard !p.stopped else { return 0 }
+            Self.bound(&p)
+            if p.next == p.queue.count {
+                p.queue.removeAll(keepingCapacity: true)
+                p.next = 0
+            }
+            for entry in wanted {
+                switch p.slots[entry.key] {
+                case .queued?, .running?: continue
+                case .done(_, let etag, let listed, let at)?:
+                    if isValid(entry, etag: etag, listed: listed, at: at, now: now) { continue }
+                case nil: break
+                }
+                p.slots[entry.key] = .queued
+                p.queue.append(PrefetchJob(parent: parent, entry: entry, version: versions[entry.name] ?? 0))
+            }
+            let idle = Self.prefetchConcurrency - p.workers
+            let starting = max(0, min(idle, p.queue.count - p.next))
+            p.workers += starting
+            return starting
+        }
+        for _ in 0..<start {
+            DispatchQueue.global(qos: .utility).async(group: prefetching) { self.runPrefetchWorker() }
+        }
+    }
+
+    private func isValid(_ entry: DirectoryEntry, etag: String, listed: Timestamp, at: Double, now: Double) -> Bool {
+        entry.kind == .directory
+            ? now - at <= configuration.directoryCacheSeconds
+            : etag == entry.etag && listed == entry.lastModified
+    }
+
+    private func runPrefetchWorker() {
+        while true {
+            let claimed: (PrefetchJob, DispatchGroup)? = prefetch.withLock { p in
+                while p.next < p.queue.count && !p.stopped {
+                    let job = p.queue[p.next]
+                    p.next += 1
+                    // A lookup may have taken the job over (its slot is then no longer queued).
+                    guard case .queued? = p.slots[job.entry.key] else { continue }
+                    let group = DispatchGroup()
+                    group.enter()
+                    p.slots[job.entry.key] = .running(group)
+                    return (job, group)
+                }
+                p.workers -= 1
+                return nil
+            }
+            guard let (job, group) = claimed else { return }
+            let answer = headForPrefetch(job.entry)
+            finishPrefetch(job, answer: answer, group: group)
+        }
+    }
+
+    /// HEAD of a listed entry: `.some(nil)` when there is no such object, nil on any other error.
+    private func headForPrefetch(_ entry: DirectoryEntry) -> ObjectInfo?? {
+        do {
+            return .some(try store.head(key: entry.key))
+        } catch where error.code == .notFound {
+            return .some(nil)
+        } catch {
+            logger.debug("background HEAD of '\(entry.key)' failed: \(error)")
+            return nil
+        }
+    }
+
+    /// Records the answer of a HEAD of a listed entry (nil: the HEAD failed). A file's answer is
+    /// kept only if it describes the listed object (a zero-byte one may be a DLO manifest, whose
+    /// HEAD names the parts' ETag).
+    func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??) {
+        guard configuration.metadataPrefetchLimit > 0 else { return }
+        prefetch.withLock { p in
+            Self.bound(&p)
+            if let answer, entry.kind == .directory || entry.size == 0 || answer?.etag == entry.etag {
+                p.slots[entry.key] = .done(answer, etag: entry.etag, listed: entry.lastModified, at: Self.now())
+            } else {
+                p.slots[entry.key] = nil  // failed, or the object changed since the listing
+            }
+        }
+    }
+
+    /// Records a HEAD's answer, wakes waiters, and hands the answer to a node the kernel knows.
+    private func finishPrefetch(_ job: PrefetchJob, answer: ObjectInfo??, group: DispatchGroup) {
+        let entry = job.entry
+        recordPrefetched(entry, answer: answer)
+        group.leave()
+        guard let answer else { return }
+        state.withLock { s in
+            guard let inode = s.children[job.parent]?[entry.name], var node = s.nodes[inode], node.kind == entry.kind,
+                s.openFiles[inode] == nil
+            else { return }
+            switch entry.kind {
+            case .directory:
+                guard node.attributeVersion == job.version else { return }
+                node.stored = answer.map(StoredAttributes.of) ?? StoredAttributes()
+                node.confirmedAt = Self.now()
+            case .file, .symlink:
+                guard let info = answer, info.etag == node.etag else { return }
+                apply(info, to: &node, seenAtVersion: job.version)
+            }
+            s.nodes[inode] = node
+        }
+    }
+
+    enum PrefetchAnswer {
+        /// What the HEAD said (nil: no such object).
+        case known(ObjectInfo?)
+        /// The HEAD was queued and is now the caller's to send (and to `recordPrefetched`).
+        case yours
+        /// No answer, and none coming.
+        case unknown
+    }
+
+    /// The background HEAD's answer for `entry`. With `wait`, waits for a HEAD that is running and
+    /// takes a queued one out of the queue (`.yours`).
+    func prefetchedMetadata(_ entry: DirectoryEntry, wait: Bool) -> PrefetchAnswer {
+        guard configuration.metadataPrefetchLimit > 0 else { return .unknown }
+        let now = Self.now()
+        let slot: PrefetchSlot? = prefetch.withLock { p in
+            let slot = p.slots[entry.key]
+            if wait, case .queued? = slot { p.slots[entry.key] = nil }
+            return slot
+        }
+        switch slot {
+        case .done(let info, let etag, let listed, let at)?:
+            return isValid(entry, etag: etag, listed: listed, at: at, now: now) ? .known(info) : .unknown
+        case .running(let group)? where wait:
+            group.wait()
+            return prefetchedMetadata(entry, wait: false)
+        case .queued? where wait:
+            return .yours
+        default:
+            return .unknown
+        }
+    }
+
+    /// Returns when every background HEAD queued so far has ended (tests).
+    public func waitForPrefetch() {
+        prefetching.wait()
+    }
+
+    /// Drops queued HEADs, lets running ones end, and queues no more (unmount).
+    public func stopPrefetching() {
+        prefetch.withLock { p in
+            p.stopped = true
+            p.slots = p.slots.filter { if case .queued = $0.value { false } else { true } }
+            p.queue.removeAll()
+            p.next = 0
+        }
+        prefetching.wait()
+    }
+}

@@ -1,0 +1,203 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// Background HEADs after a listing (Filesystem+Prefetch): who gets one, how many, and that the
+/// lookups that follow use their answers instead of sending their own.
+struct PrefetchTests {
+    static let own = "application/octet-stream;cssp-mtime=1600000000.25;cssp-mode=0640"
+
+    func makeFilesystem(_ store: FakeObjectStore, limit: Int = 10_000, directorySeconds: Double = 5) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        configuration.metadataPrefetchLimit = limit
+        configuration.directoryCacheSeconds = directorySeconds
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    /// Lists `inode` to the end, as `ls` does.
+    func list(_ fs: Filesystem, _ inode: InodeNumber) throws -> [String] {
+        let handle = try fs.opendir(inode)
+        defer { fs.releasedir(handle: handle) }
+        var names: [String] = []
+        try fs.readdir(inode, handle: handle, offset: 0) { name, _, _, _ in
+            if name != "." && name != ".." { names.append(name) }
+            return true
+        }
+        return names
+    }
+
+    /// A filesystem on `store`, the inode of directory `name`, counts reset after looking it up.
+    func directory(_ store: FakeObjectStore, _ name: String, limit: Int = 10_000, directorySeconds: Double = 5) throws
+        -> (Filesystem, InodeNumber)
+    {
+        let fs = makeFilesystem(store, limit: limit, directorySeconds: directorySeconds)
+        let inode = try fs.lookup(parent: Filesystem.rootInode, name: name).inode
+        store.resetCounts()
+        return (fs, inode)
+    }
+
+    @Test func filesCsspfsWroteNeedNoHead() throws {
+        let store = FakeObjectStore()
+        for i in 0..<50 { store.seed("d/f\(i)", Array("x\(i)".utf8), contentType: Self.own) }
+        let fs = makeFilesystem(store)
+        let d = try fs.lookup(parent: Filesystem.rootInode, name: "d")
+        store.resetCounts()
+        #expect(try list(fs, d.inode).count == 50)
+        fs.waitForPrefetch()
+        for i in 0..<50 {
+            let attributes = try fs.lookup(parent: d.inode, name: "f\(i)")
+            #expect(attributes.permissions == 0o640)
+            #expect(attributes.modified == Timestamp(seconds: 1_600_000_000, nanoseconds: 250_000_000))
+        }
+        #expect(store.counts.head == 0)
+        #expect(store.counts.list == 1)
+    }
+
+    @Test func otherToolsMetadataIsHeadedOnceInTheBackground() throws {
+        let store = FakeObjectStore()
+        for i in 0..<40 {
+            // As rclone writes it: mtime with a fraction, mode as an octal st_mode.
+            store.seed("r/f\(i)", Array("data \(i)".utf8), metadata: ["mtime": "1500000000.5", "mode": "100600"])
+        }
+        let fs = makeFilesystem(store)
+        let r = try fs.lookup(parent: Filesystem.rootInode, name: "r")
+        store.resetCounts()
+        #expect(try list(fs, r.inode).count == 40)
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 40)
+        for i in 0..<40 {
+            let attributes = try fs.lookup(parent: r.inode, name: "f\(i)")
+            #expect(attributes.modified == Timestamp(seconds: 1_500_000_000, nanoseconds: 500_000_000))
+            #expect(attributes.permissions == 0o600)
+            #expect(attributes.size == Int64("data \(i)".utf8.count))
+        }
+        #expect(store.counts.head == 40)
+        #expect(store.counts.list == 1)
+    }
+
+    @Test func readdirplusSendsTheHeadsAnswerOnceKnown() throws {
+        let store = FakeObjectStore()
+        store.seed("p/a", Array("aaa".utf8), metadata: ["mtime": "1400000000", "mode": "0604"])
+        let fs = makeFilesystem(store, directorySeconds: 0)
+        let p = try fs.lookup(parent: Filesystem.rootInode, name: "p")
+        store.resetCounts()
+        func plus() throws -> Attributes? {
+            let handle = try fs.opendir(p.inode)
+            defer { fs.releasedir(handle: handle) }
+            var seen: Attributes? = nil
+            try fs.readdirplus(p.inode, handle: handle, offset: 0) { name, _, _, attributes, _ in
+                if name == "a" { seen = attributes }
+                return true
+            }
+            return seen
+        }
+        // The first listing cannot wait for the HEAD: the listing's own attributes.
+        let first = try #require(try plus())
+        #expect(first.permissions == 0o644)
+        fs.waitForPrefetch()
+        let second = try #require(try plus())
+        #expect(second.permissions == 0o604)
+        #expect(second.modified == Timestamp(seconds: 1_400_000_000, nanoseconds: 0))
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 1)
+    }
+
+    @Test func unchangedObjectsAreNotHeadedAgainButChangedOnesAre() throws {
+        let store = FakeObjectStore()
+        for i in 0..<10 { store.seed("u/f\(i)", Array("v\(i)".utf8), metadata: ["mtime": "1300000000"]) }
+        let fs = makeFilesystem(store, directorySeconds: 0)
+        let u = try fs.lookup(parent: Filesystem.rootInode, name: "u")
+        store.resetCounts()
+        _ = try list(fs, u.inode)
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 10)
+        _ = try list(fs, u.inode)
+        fs.waitForPrefetch()
+        #expect(store.counts.list == 2)
+        #expect(store.counts.head == 10)
+        // Another tool changes one object's metadata: the listing shows a new time, one new HEAD.
+        try store.post(key: "u/f3", contentType: "application/octet-stream", metadata: ["mtime": "1310000000"], manifest: nil)
+        _ = try list(fs, u.inode)
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 11)
+        // Outside a listing (dir_timeout=0) a lookup HEADs its name, and uses what that HEAD says.
+        #expect(try fs.lookup(parent: u.inode, name: "f3").modified == Timestamp(seconds: 1_310_000_000, nanoseconds: 0))
+        #expect(store.counts.head == 12)
+    }
+
+    @Test func directoryMarkersAndEmptyFilesAreHeadedInTheBackground() throws {
+        let store = FakeObjectStore()
+        for i in 0..<6 {
+            store.seed("top/d\(i)/", metadata: ["mode": "0700"])
+            store.seed("top/d\(i)/inner", text: "i")
+        }
+        store.seed("top/implicit/inner", text: "no marker")
+        store.seed("top/empty", metadata: ["mode": "0400"])
+        let fs = makeFilesystem(store)
+        let top = try fs.lookup(parent: Filesystem.rootInode, name: "top")
+        store.resetCounts()
+        #expect(try list(fs, top.inode).sorted() == ["d0", "d1", "d2", "d3", "d4", "d5", "empty", "implicit"])
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 8)
+        for i in 0..<6 {
+            let directory = try fs.lookup(parent: top.inode, name: "d\(i)")
+            #expect(directory.kind == .directory && directory.permissions == 0o700)
+        }
+        let implicit = try fs.lookup(parent: top.inode, name: "implicit")
+        #expect(implicit.kind == .directory && implicit.permissions == 0o755)
+        let empty = try fs.lookup(parent: top.inode, name: "empty")
+        #expect(empty.kind == .file && empty.size == 0 && empty.permissions == 0o400)
+        #expect(store.counts.head == 8)
+    }
+
+    @Test func aLimitBoundsTheHeadsOfOneListing() throws {
+        let store = FakeObjectStore()
+        for i in 0..<10 { store.seed("b/f\(i)", text: "b") }
+        let (fs, b) = try directory(store, "b", limit: 3)
+        _ = try list(fs, b)
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 3)
+        let (off, b2) = try directory(store, "b", limit: 0)
+        _ = try list(off, b2)
+        for i in 0..<10 { _ = try off.lookup(parent: b2, name: "f\(i)") }
+        off.waitForPrefetch()
+        #expect(store.counts.head == 0)
+    }
+
+    @Test func lookupsDuringTheBackgroundPassSendEachHeadOnce() throws {
+        let store = FakeObjectStore()
+        for i in 0..<250 { store.seed("w/f\(i)", Array(repeating: 7, count: 1 + i), metadata: ["mtime": "1200000000"]) }
+        let fs = makeFilesystem(store)
+        let w = try fs.lookup(parent: Filesystem.rootInode, name: "w")
+        store.resetCounts()
+        // rsync's pattern: lookups only. The second one lists the directory, which queues the HEADs;
+        // the lookups then wait for running HEADs or send queued ones themselves.
+        for i in 0..<250 {
+            let attributes = try fs.lookup(parent: w.inode, name: "f\(i)")
+            #expect(attributes.size == Int64(1 + i))
+            #expect(attributes.modified == Timestamp(seconds: 1_200_000_000, nanoseconds: 0))
+        }
+        fs.waitForPrefetch()
+        // f0 alone (HEAD and a one-entry LIST), then one listing, then one HEAD per other object.
+        #expect(store.counts.list == 2)
+        #expect(store.counts.head == 250)
+    }
+
+    @Test func stoppedPrefetchingSendsNoMoreHeads() throws {
+        let store = FakeObjectStore()
+        for i in 0..<30 { store.seed("s/f\(i)", text: "s") }
+        let (fs, s) = try directory(store, "s", directorySeconds: 0)
+        _ = try list(fs, s)
+        fs.stopPrefetching()
+        let after = store.counts.head
+        #expect(after <= 30)
+        _ = try list(fs, s)
+        fs.waitForPrefetch()
+        #expect(store.counts.head == after)
+    }
+}
