@@ -67,7 +67,7 @@ extension Filesystem {
         let limit = configuration.metadataPrefetchLimit
         guard limit > 0 else { return }
         let now = Self.now()
-        let wanted = Array(entries.lazy.filter(Self.needsMetadata).prefix(limit))
+        let wanted = entries.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
         let versions: [String: UInt64] = state.withLock { s in
             guard let children = s.children[parent] else { return [:] }
@@ -84,13 +84,17 @@ extension Filesystem {
                 p.queue.removeAll(keepingCapacity: true)
                 p.next = 0
             }
-            for entry in wanted {
+            // The limit counts new HEADs only: answers kept from earlier listings are free, so
+            // repeated listings of a large directory work through it.
+            var queued = 0
+            for entry in wanted where queued < limit {
                 switch p.slots[entry.key] {
                 case .queued?, .running?: continue
                 case .done(_, let etag, let listed, let at)?:
                     if isValid(entry, etag: etag, listed: listed, at: at, now: now) { continue }
                 case nil: break
                 }
+                queued += 1
                 p.slots[entry.key] = .queued
                 p.queue.append(PrefetchJob(parent: parent, entry: entry, version: versions[entry.name] ?? 0))
             }

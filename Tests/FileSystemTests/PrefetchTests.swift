@@ -158,10 +158,14 @@ struct PrefetchTests {
     @Test func aLimitBoundsTheHeadsOfOneListing() throws {
         let store = FakeObjectStore()
         for i in 0..<10 { store.seed("b/f\(i)", text: "b") }
-        let (fs, b) = try directory(store, "b", limit: 3)
+        let (fs, b) = try directory(store, "b", limit: 3, directorySeconds: 0)
         _ = try list(fs, b)
         fs.waitForPrefetch()
         #expect(store.counts.head == 3)
+        // The next listing HEADs the next three: kept answers do not count against the limit.
+        _ = try list(fs, b)
+        fs.waitForPrefetch()
+        #expect(store.counts.head == 6)
         let (off, b2) = try directory(store, "b", limit: 0)
         _ = try list(off, b2)
         for i in 0..<10 { _ = try off.lookup(parent: b2, name: "f\(i)") }
