@@ -270,8 +270,10 @@ extension Filesystem {
             defer { o.pending = true }
             return o.pending
         }
-        if let key = state.withLock({ $0.nodes[open.inode]?.key }) {
-            Spool.writePendingNote(dataPath: open.path, key: key)
+        if let node = state.withLock({ $0.nodes[open.inode] }) {
+            let (contentType, metadata) = storedForm(of: node)
+            Spool.writePendingNote(
+                dataPath: open.path, upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata))
         }
         if !alreadyPending { scheduleRetry(open, after: configuration.pendingRetrySeconds) }
     }
@@ -290,14 +292,18 @@ extension Filesystem {
         }
     }
 
+    /// The content type and metadata headers that store `node`'s attributes.
+    func storedForm(of node: Node) -> (contentType: String, metadata: [String: String]) {
+        (node.stored.contentType(base: node.baseContentType), node.stored.metadata(mergedInto: node.extraMetadata))
+    }
+
     /// Uploads the spool (or only its metadata) if it changed since the last upload.
     func commit(_ open: OpenFile) throws(FSError) {
         try open.uploadLock.withLock { (_: inout Void) throws(FSError) in
             let snapshot = open.state.withLock { $0 }
             if snapshot.unlinked || !(snapshot.dataDirty || snapshot.metadataDirty) { return }
             guard let node = state.withLock({ $0.nodes[open.inode] }) else { return }
-            let contentType = node.stored.contentType(base: node.baseContentType)
-            let metadata = node.stored.metadata(mergedInto: node.extraMetadata)
+            let (contentType, metadata) = storedForm(of: node)
             var etag = node.etag
             var manifest = node.manifest
             do throws(ObjectStoreError) {
@@ -497,12 +503,13 @@ extension Filesystem {
             logger.warning("removing \(path): an unfinished write of an earlier mount that no close confirmed")
             Spool.remove(dataPath: path)
         }
-        for (path, key) in pending {
+        for (path, upload) in pending {
             var st = stat()
             guard stat(path, &st) == 0 else { continue }
+            let key = upload.key
             do {
                 _ = try uploader.upload(
-                    path: path, size: Int64(st.st_size), key: key, contentType: "application/octet-stream", metadata: [:])
+                    path: path, size: Int64(st.st_size), key: key, contentType: upload.contentType, metadata: upload.metadata)
                 Spool.remove(dataPath: path)
                 logger.notice("stored '\(key)' from \(path), left by an earlier mount")
             } catch {

@@ -7,8 +7,9 @@ import Glibc
 /// The spool directory: one local file per file open for writing, uploaded at close/fsync.
 ///
 /// Subtleties:
-/// 1. The bytes of a file whose upload failed stay here (with a `.pending` note naming the key)
-///    until they are stored; a later mount of the same container retries them first.
+/// 1. The bytes of a file whose upload failed stay here (with a `.pending` note naming the key,
+///    content type and metadata: mode, owner, mtime) until they are stored; a later mount of the
+///    same container retries them first, with the same attributes.
 /// 2. A full disk is ENOSPC from `write`, not a lost close: every write goes to the spool first.
 /// 3. Spool files of an earlier process without a `.pending` note were never acknowledged to a
 ///    writer (no successful close), so they are removed at start.
@@ -66,8 +67,41 @@ final class Spool: Sendable {
         return FSError(code == ENOSPC || code == EDQUOT ? .noSpace : .ioError, "\(what): \(String(cString: strerror(code)))")
     }
 
-    /// Files of earlier processes: pending uploads (data path, key) and abandoned data files.
-    func leftovers() -> (pending: [(data: String, key: String)], abandoned: [String]) {
+    /// What a `.pending` note records: where the bytes go and how they are stored.
+    struct PendingUpload: Equatable {
+        var key: String
+        var contentType: String
+        var metadata: [String: String]
+
+        /// Fields separated by NUL, which neither keys nor headers contain: the key, the content
+        /// type, then `name=value` per metadata header. A note holding only a key (as written
+        /// before attributes were kept) is read with the default content type.
+        var encoded: [UInt8] {
+            let fields = [key, contentType] + metadata.sorted { $0.key < $1.key }.map { $0.key + "=" + $0.value }
+            return Array(fields.joined(separator: "\0").utf8)
+        }
+
+        init(key: String, contentType: String, metadata: [String: String]) {
+            self.key = key
+            self.contentType = contentType
+            self.metadata = metadata
+        }
+
+        init?(decoding text: String) {
+            let fields = text.split(separator: "\0", omittingEmptySubsequences: false).map(String.init)
+            guard let key = fields.first, !key.isEmpty else { return nil }
+            self.key = key
+            contentType = fields.count > 1 && !fields[1].isEmpty ? fields[1] : "application/octet-stream"
+            metadata = [:]
+            for field in fields.dropFirst(2) {
+                guard let equals = field.firstIndex(of: "=") else { continue }
+                metadata[String(field[..<equals])] = String(field[field.index(after: equals)...])
+            }
+        }
+    }
+
+    /// Files of earlier processes: pending uploads and abandoned data files.
+    func leftovers() -> (pending: [(data: String, upload: PendingUpload)], abandoned: [String]) {
         guard let dir = opendir(directory) else { return ([], []) }
         defer { closedir(dir) }
         var data: Set<String> = []
@@ -75,16 +109,17 @@ final class Spool: Sendable {
         while let entry = readdir(dir) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
             if name.hasSuffix(".data") { data.insert(name) }
+            if name.hasSuffix(".pending.new") { unlink(directory + "/" + name) }  // a note never finished
             if name.hasSuffix(".pending") {
                 let base = String(name.dropLast(".pending".count))
                 notes[base + ".data"] = Spool.read(directory + "/" + name)
             }
         }
-        var pending: [(String, String)] = []
+        var pending: [(String, PendingUpload)] = []
         var abandoned: [String] = []
         for name in data.sorted() {
-            if let key = notes[name], !key.isEmpty {
-                pending.append((directory + "/" + name, key))
+            if let note = notes[name], let upload = PendingUpload(decoding: note) {
+                pending.append((directory + "/" + name, upload))
             } else {
                 abandoned.append(directory + "/" + name)
             }
@@ -96,20 +131,27 @@ final class Spool: Sendable {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
+        var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 8192)
-        let n = Glibc.read(fd, &buffer, buffer.count)
-        return n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : nil
+        while true {
+            let n = Glibc.read(fd, &buffer, buffer.count)
+            guard n > 0 else { break }
+            bytes += buffer[0..<n]
+        }
+        return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self)
     }
 
-    /// Writes the note that marks `dataPath` as an upload still owed to `key`.
-    static func writePendingNote(dataPath: String, key: String) {
+    /// Writes the note that marks `dataPath` as an upload still owed (a new file, renamed over
+    /// the old note, so that a crash leaves one whole note or the other).
+    static func writePendingNote(dataPath: String, upload: PendingUpload) {
         let note = String(dataPath.dropLast(".data".count)) + ".pending"
-        let fd = open(note, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let fd = open(note + ".new", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
-        let bytes = Array(key.utf8)
-        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        fsync(fd)
+        let bytes = upload.encoded
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let synced = fsync(fd) == 0
         close(fd)
+        if written == bytes.count && synced { rename(note + ".new", note) } else { unlink(note + ".new") }
     }
 
     static func remove(dataPath: String) {

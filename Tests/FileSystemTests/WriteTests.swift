@@ -117,6 +117,48 @@ struct FilesystemWriteTests {
         #expect(store.object("f")?.bytes == Array("keep me".utf8))
     }
 
+    @Test func aLaterMountStoresAPendingUploadWithItsAttributes() throws {
+        let store = FakeObjectStore()
+        let directory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = directory
+        configuration.pendingRetrySeconds = 3600  // this process never retries: a later one must
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: "kept", mode: 0o640, caller: caller)
+        try write(fs, opened.handle, Array("survives a restart".utf8))
+        _ = try fs.setattr(attributes.inode, AttributeChanges(modified: Timestamp(seconds: 1_400_000_000, nanoseconds: 5)))
+        store.failNextPuts(1000)
+        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
+        fs.release(handle: opened.handle)
+        #expect(store.object("kept") == nil)
+
+        // The next process (its own spool directory, holding what this one left behind).
+        let later = directory + "-later"
+        let fm = FileManager.default
+        try fm.createDirectory(atPath: later, withIntermediateDirectories: true)
+        for name in try fm.contentsOfDirectory(atPath: directory) where name.hasSuffix(".data") || name.hasSuffix(".pending") {
+            try fm.copyItem(atPath: directory + "/" + name, toPath: later + "/" + name)
+        }
+        store.failNextPuts(0)
+        configuration.spoolDirectory = later
+        let next = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        next.recoverPendingUploads()
+        let stored = try #require(store.object("kept"))
+        #expect(stored.bytes == Array("survives a restart".utf8))
+        #expect(stored.metadata["mode"] == "0640" && stored.metadata["uid"] == "1000" && stored.metadata["gid"] == "100")
+        #expect(stored.metadata["mtime"] == "1400000000.000000005")
+        #expect(stored.contentType.hasPrefix("application/octet-stream;cssp-mtime=1400000000.000000005;cssp-mode=0640"))
+        #expect(try fm.contentsOfDirectory(atPath: later).filter { $0.hasSuffix(".data") || $0.hasSuffix(".pending") } == [])
+    }
+
+    @Test func pendingNotesWrittenBeforeAttributesWereKeptStillName() {
+        let old = Spool.PendingUpload(decoding: "dir/only-a-key")
+        #expect(old == Spool.PendingUpload(key: "dir/only-a-key", contentType: "application/octet-stream", metadata: [:]))
+        let upload = Spool.PendingUpload(key: "k", contentType: "text/plain;cssp-mode=0600", metadata: ["mode": "0600", "x": "a=b"])
+        #expect(Spool.PendingUpload(decoding: String(decoding: upload.encoded, as: UTF8.self)) == upload)
+        #expect(Spool.PendingUpload(decoding: "") == nil)
+    }
+
     @Test func renameOfAMultipartFileMovesOnlyItsManifest() throws {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)
