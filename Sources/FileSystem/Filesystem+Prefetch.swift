@@ -223,7 +223,8 @@ extension Filesystem {
         prefetching.wait()
     }
 
-    /// Drops queued HEADs, lets running ones end, and queues no more (unmount).
+    /// Drops queued HEADs and queues no more (unmount). Does not wait for the few running: they
+    /// are optional, and a server that stopped answering would hold the exit for their retries.
     public func stopPrefetching() {
         prefetch.withLock { p in
             p.stopped = true
@@ -231,6 +232,5 @@ extension Filesystem {
             p.queue.removeAll()
             p.next = 0
         }
-        prefetching.wait()
     }
 }
