@@ -73,7 +73,8 @@ extension Filesystem {
             let reader = FileReader(
                 store: store, key: node.key, size: node.size, etag: node.etag, isManifest: node.manifest != nil,
                 cache: configuration.blockCache, cacheName: cacheName(node.key),
-                fetchSize: configuration.readFetchSize, maximumWindow: configuration.readAheadWindow,
+                fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
+                maximumWindow: configuration.readAheadWindow,
                 kernel: kernel)
             let handle = register(.remote(reader))
             let keep = state.withLock { s in

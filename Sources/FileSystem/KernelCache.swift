@@ -5,7 +5,7 @@ import Glibc
 #endif
 
 /// A way to put fetched bytes into the kernel's page cache before anyone reads them, installed
-/// by the FUSE layer (FileSystem knows no FUSE). Used for random readers: the 8 MiB fetched
+/// by the FUSE layer (FileSystem knows no FUSE). Used for random readers: the 4 MiB fetched
 /// around a random read is stored in the kernel too, so the next reads in it are page-cache hits
 /// and never reach the daemon.
 ///

@@ -76,6 +76,8 @@ public struct FilesystemConfiguration: Sendable {
     public var attributeCacheSeconds: Double = 1
     /// At most this many bytes are fetched by one GET of sequential read-ahead.
     public var readFetchSize: Int = 8 << 20
+    /// The aligned piece a random read fetches around its block when the file fits the cache.
+    public var randomFetchSize: Int = 4 << 20
     /// The largest read-ahead window of a sequential reader, in bytes (0: no read-ahead).
     public var readAheadWindow: Int = 32 << 20
     /// Where fetched blocks are kept (nil: not kept beyond the open handle).

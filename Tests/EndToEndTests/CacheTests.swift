@@ -63,7 +63,7 @@ struct CacheMountTests {
     }
 
     @Test func randomReadersSeeTheSourceByteForByte() throws {
-        // Random reads fill the cache in 8 MiB pieces and store them in the kernel's page cache
+        // Random reads fill the cache in 4 MiB pieces and store them in the kernel's page cache
         // too; four parallel readers compare every 4 KiB piece with the local source.
         let fixture = try Fixture.get()
         let mount = try Mount(fixture.environment, container: fixture.container, options: ["cache_dir=" + cacheDirectory])

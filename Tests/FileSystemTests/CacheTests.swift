@@ -18,6 +18,7 @@ struct FilesystemCacheTests {
         var configuration = FilesystemConfiguration()
         configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
         configuration.readFetchSize = 4 * Self.block
+        configuration.randomFetchSize = 4 * Self.block
         configuration.readAheadWindow = 8 * Self.block
         configuration.blockCache = BlockCache.open(
             path: cachePath, capacity: capacity, blockSize: Self.block, logger: Logger(label: "test"))
