@@ -21,6 +21,7 @@ import Synchronization
 ///    metadata changes the listing's time), so a later listing of an unchanged directory sends no
 ///    HEAD again. A directory marker's answer holds for `directoryCacheSeconds`, like a listing.
 /// 3. The table of answers is bounded (`prefetchTableLimit`); past it, old answers are dropped.
+///    HEADs sent by lookups and readdir collisions feed it too, also with `meta_prefetch=0`.
 extension Filesystem {
     static let prefetchConcurrency = 4
     static let prefetchTableLimit = 50_000
@@ -152,7 +153,6 @@ extension Filesystem {
     /// kept only if it describes the listed object (a zero-byte one may be a DLO manifest, whose
     /// HEAD names the parts' ETag).
     func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??) {
-        guard configuration.metadataPrefetchLimit > 0 else { return }
         prefetch.withLock { p in
             Self.bound(&p)
             if let answer, entry.kind == .directory || entry.size == 0 || answer?.etag == entry.etag {
@@ -198,7 +198,6 @@ extension Filesystem {
     /// The background HEAD's answer for `entry`. With `wait`, waits for a HEAD that is running and
     /// takes a queued one out of the queue (`.yours`).
     func prefetchedMetadata(_ entry: DirectoryEntry, wait: Bool) -> PrefetchAnswer {
-        guard configuration.metadataPrefetchLimit > 0 else { return .unknown }
         let now = Self.now()
         let slot: PrefetchSlot? = prefetch.withLock { p in
             let slot = p.slots[entry.key]

@@ -199,13 +199,7 @@ public final class Filesystem: Sendable {
         // has microseconds. Keep the listing's time when they agree: a time that changes under
         // the kernel makes it drop the file's page cache (and `ls -l` would jitter).
         let headTime = Timestamp(info.lastModified)
-        let known = node.lastModified
-        let roundedUp = known.seconds + (known.nanoseconds > 0 ? 1 : 0)
-        if sameVersion && (headTime.seconds == roundedUp || headTime == known) {
-            node.lastModified = known
-        } else {
-            node.lastModified = headTime
-        }
+        if !(sameVersion && headTime.agrees(with: node.lastModified)) { node.lastModified = headTime }
         if node.attributeVersion == version { node.stored = StoredAttributes.of(info) }
         node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         node.manifest = info.manifest
@@ -262,12 +256,14 @@ public final class Filesystem: Sendable {
         // Zero-byte files may be DLO manifests; directories keep their attributes on a marker.
         var info: ObjectInfo? = nil
         var markerChecked = false
+        var fresh = false
         let version = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0]?.attributeVersion } } ?? 0
         let needsHead = (entry.kind == .file && entry.size == 0) || entry.kind == .directory
         if needsHead {
             let known = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0] } }
             if let known, known.kind == entry.kind, Self.now() - known.confirmedAt <= configuration.attributeCacheSeconds {
-                if entry.kind == .file { entry.size = known.size }
+                // A zero-byte listing entry may be a DLO whose size and ETag the node has from a HEAD.
+                fresh = true
             } else if case .known(let answer) = prefetchedMetadata(entry, wait: true) {
                 guard answer != nil || entry.kind == .directory else {
                     throw FSError(.notFound, "'\(entry.key)' is gone from the server")
@@ -305,7 +301,7 @@ public final class Filesystem: Sendable {
             }
         }
         return state.withLock { s in
-            self.link(entry, parent: parent, info: info, markerChecked: markerChecked, version: version, in: &s)
+            self.link(entry, parent: parent, info: info, markerChecked: markerChecked, version: version, fresh: fresh, in: &s)
         }
     }
 
@@ -359,9 +355,10 @@ public final class Filesystem: Sendable {
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
+    /// `fresh`: the node's attributes were confirmed within `attr_timeout`; only count the lookup.
     private func link(
         _ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, markerChecked: Bool, version: UInt64,
-        in s: inout State
+        fresh: Bool = false, in s: inout State
     ) -> Attributes {
         var node: Node
         if let existing = s.children[parent]?[entry.name], let old = s.nodes[existing], old.kind == entry.kind {
@@ -386,12 +383,16 @@ public final class Filesystem: Sendable {
                     node.lastModified = entry.lastModified
                 }
                 apply(info, to: &node, seenAtVersion: version)
-            } else if entry.size > 0 || node.etag != entry.etag || node.confirmedAt == 0 {
+            } else if !fresh && (entry.size > 0 || node.etag != entry.etag || node.confirmedAt == 0) {
                 let parsed = StoredAttributes.parse(contentType: entry.contentType)
+                // The version the node describes already (a HEAD's whole-second time agrees with
+                // the listing's): its time stays, and so do attributes a HEAD read from metadata
+                // headers. A time that changes under the kernel makes it drop its page cache.
+                let sameVersion = node.etag == entry.etag && node.lastModified.agrees(with: entry.lastModified)
+                if !sameVersion { node.lastModified = entry.lastModified }
                 node.size = entry.size
                 node.etag = entry.etag
-                node.lastModified = entry.lastModified
-                if unchanged { node.stored = parsed.attributes }
+                if unchanged && !(sameVersion && node.metadataKnownAt > 0) { node.stored = parsed.attributes }
                 node.baseContentType = parsed.base
                 node.confirmedAt = Self.now()
             }

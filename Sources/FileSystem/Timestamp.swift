@@ -48,6 +48,15 @@ public struct Timestamp: Sendable, Equatable, Comparable, CustomStringConvertibl
         return "\(seconds)." + String(repeating: "0", count: 9 - fraction.count) + fraction
     }
 
+    /// Whether two reports of one object's time agree: equal, or one is the whole-second form of
+    /// the other (a HEAD's Last-Modified is the listing's time rounded up to the second).
+    func agrees(with other: Timestamp) -> Bool {
+        func roundedUp(_ t: Timestamp) -> Int64 { t.seconds + (t.nanoseconds > 0 ? 1 : 0) }
+        if self == other { return true }
+        if nanoseconds == 0 { return seconds == roundedUp(other) }
+        return other.nanoseconds == 0 && other.seconds == roundedUp(self)
+    }
+
     public static func < (a: Timestamp, b: Timestamp) -> Bool {
         (a.seconds, a.nanoseconds) < (b.seconds, b.nanoseconds)
     }

@@ -39,6 +39,9 @@ public final class FakeObjectStore: ObjectStore {
         }
     }
 
+    /// Between two changes: a fraction, so that listings (microseconds) and HEADs (whole seconds)
+    /// disagree in the last digits as they do on Swift.
+    static let tick = 1.25
     public let containerName: String
     /// Protects objects and counts.
     private let state = Mutex<(objects: [String: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
@@ -56,7 +59,7 @@ public final class FakeObjectStore: ObjectStore {
         metadata: [String: String] = [:]
     ) {
         state.withLock { s in
-            s.clock += 1
+            s.clock += Self.tick
             s.objects[key] = Object(bytes: bytes, contentType: contentType, metadata: metadata, manifest: manifest, modified: s.clock)
         }
     }
@@ -98,7 +101,8 @@ public final class FakeObjectStore: ObjectStore {
         }
         return ObjectInfo(
             key: key, size: Int64(bytes.count), etag: etag, contentType: object.contentType,
-            lastModified: object.modified, metadata: object.metadata, manifest: object.manifest)
+            // As Swift: a HEAD's Last-Modified is an HTTP date, the time rounded up to the second.
+            lastModified: object.modified.rounded(.up), metadata: object.metadata, manifest: object.manifest)
     }
 
     public func headContainer() throws(ObjectStoreError) -> ContainerInfo {
@@ -173,7 +177,7 @@ public final class FakeObjectStore: ObjectStore {
         }
         return state.withLock { s in
             s.counts.put += 1
-            s.clock += 1
+            s.clock += Self.tick
             s.objects[key] = Object(
                 bytes: bytes, contentType: contentType ?? "application/octet-stream", metadata: metadata, manifest: nil,
                 modified: s.clock)
@@ -184,7 +188,7 @@ public final class FakeObjectStore: ObjectStore {
     public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) {
         state.withLock { s in
             s.counts.put += 1
-            s.clock += 1
+            s.clock += Self.tick
             s.objects[key] = Object(
                 bytes: [], contentType: contentType ?? "application/octet-stream", metadata: metadata,
                 manifest: containerName + "/" + partPrefix, modified: s.clock)
@@ -212,7 +216,7 @@ public final class FakeObjectStore: ObjectStore {
             object.metadata = metadata
             object.manifest = manifest
             // As Swift (fast POST): the listing shows the time of the metadata change.
-            s.clock += 1
+            s.clock += Self.tick
             object.modified = s.clock
             s.objects[key] = object
         }

@@ -8,10 +8,12 @@ import Foundation
 
 /// The filesystem core against the in-memory store: semantics and request counts, no kernel.
 struct FilesystemTests {
-    func makeFilesystem(_ store: FakeObjectStore, pageSize: Int = 10_000, rootPrefix: String = "", readOnly: Bool = false)
-        -> Filesystem
-    {
+    func makeFilesystem(
+        _ store: FakeObjectStore, pageSize: Int = 10_000, rootPrefix: String = "", readOnly: Bool = false,
+        metadataPrefetch: Int = 10_000
+    ) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        configuration.metadataPrefetchLimit = metadataPrefetch
         configuration.readOnly = readOnly
         configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
         configuration.listPageSize = pageSize
@@ -185,6 +187,66 @@ struct FilesystemTests {
         }
         fs.waitForPrefetch()
         #expect(store.counts.list == 4 && store.counts.head == 1)
+    }
+
+    @Test(arguments: [0, 10_000])
+    func aFilesTimeNeverChangesBetweenHeadAndListing(metadataPrefetch: Int) throws {
+        // A HEAD says whole seconds (rounded up), a listing microseconds. Whichever the kernel saw
+        // first must stay: a new mtime makes it drop the file's page cache (a warm read then
+        // refetched the whole file). Objects of other tools: their time is the store's.
+        let store = FakeObjectStore()
+        store.seed("t/a", Array("a".utf8))
+        store.seed("t/b", Array("b".utf8))
+        let fs = makeFilesystem(store, metadataPrefetch: metadataPrefetch)
+        let t = try fs.lookup(parent: Filesystem.rootInode, name: "t")
+        let first = try fs.lookup(parent: t.inode, name: "a")  // no listing yet: HEAD
+        #expect(first.modified.nanoseconds == 0)
+        _ = try fs.lookup(parent: t.inode, name: "b")  // the second name lists the directory
+        #expect(try fs.lookup(parent: t.inode, name: "a").modified == first.modified)
+        _ = try names(fs, t.inode)
+        #expect(try fs.lookup(parent: t.inode, name: "a").modified == first.modified)
+        // And the other way round: listed first (precise), then HEADed on open.
+        let listedFirst = makeFilesystem(store, metadataPrefetch: metadataPrefetch)
+        let t2 = try listedFirst.lookup(parent: Filesystem.rootInode, name: "t")
+        _ = try names(listedFirst, t2.inode)
+        let listed = try listedFirst.lookup(parent: t2.inode, name: "b")
+        #expect(listed.modified.nanoseconds != 0)
+        let node = try listedFirst.node(listed.inode)
+        _ = try listedFirst.refresh(node)
+        #expect(try listedFirst.getattr(listed.inode).modified == listed.modified)
+    }
+
+    @Test func aListingDoesNotUndoWhatAHeadSaid() throws {
+        // Without background HEADs: a lookup's HEAD read another tool's mtime header; the listing
+        // that follows (same version) must not put the store's time back.
+        let store = FakeObjectStore()
+        store.seed("m/x", Array("x".utf8), metadata: ["mtime": "1300000000.5"])
+        store.seed("m/y", Array("y".utf8))
+        let fs = makeFilesystem(store, metadataPrefetch: 0)
+        let m = try fs.lookup(parent: Filesystem.rootInode, name: "m")
+        let expected = Timestamp(seconds: 1_300_000_000, nanoseconds: 500_000_000)
+        #expect(try fs.lookup(parent: m.inode, name: "x").modified == expected)
+        _ = try fs.lookup(parent: m.inode, name: "y")  // lists the directory
+        _ = try names(fs, m.inode)
+        #expect(try fs.lookup(parent: m.inode, name: "x").modified == expected)
+    }
+
+    @Test func aDLOLookedUpAgainKeepsItsETagAndTheKernelItsPages() throws {
+        let store = FakeObjectStore()
+        store.seed("v/up/00000001", Array(repeating: 1, count: 300))
+        store.seed("v/file", manifest: "fake-container/v/up/")
+        let fs = makeFilesystem(store)
+        let v = try fs.lookup(parent: Filesystem.rootInode, name: "v")
+        _ = try names(fs, v.inode)
+        let file = try fs.lookup(parent: v.inode, name: "file")
+        #expect(file.size == 300)
+        let first = try fs.open(file.inode, writable: false, truncate: false)
+        fs.release(handle: first.handle)
+        // Within attr_timeout: the listing's zero-byte entry must not replace the manifest's ETag.
+        #expect(try fs.lookup(parent: v.inode, name: "file").size == 300)
+        let second = try fs.open(file.inode, writable: false, truncate: false)
+        defer { fs.release(handle: second.handle) }
+        #expect(second.keepCache)
     }
 
     @Test func readdirTwiceWithinTheDirectoryTimeoutListsOnce() throws {
