@@ -20,7 +20,7 @@ import Synchronization
 /// 2. A file's answer holds while the listing shows the same ETag and time (a POST of new
 ///    metadata changes the listing's time), so a later listing of an unchanged directory sends no
 ///    HEAD again. A directory marker's answer holds for `directoryCacheSeconds`, like a listing.
-/// 3. The table of answers is bounded (`prefetchTableLimit`); past it, old answers are dropped.
+/// 3. The table of answers is bounded (`prefetchTableLimit`); when full, every answer is dropped.
 ///    HEADs sent by lookups and readdir collisions feed it too, also with `meta_prefetch=0`.
 extension Filesystem {
     static let prefetchConcurrency = 4
