@@ -23,13 +23,20 @@ struct FilesystemWriteTests {
         try bytes.withUnsafeBytes { try fs.write(handle: handle, offset: offset, bytes: $0) }
     }
 
+    /// Creates `name` at the root, writes `bytes` and closes it (stored at close), as `cp` would.
+    @discardableResult
+    func storeFile(_ fs: Filesystem, _ name: String, mode: UInt16 = 0o644, _ bytes: [UInt8]) throws -> Attributes {
+        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: name, mode: mode, caller: caller)
+        try write(fs, opened.handle, bytes)
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        return attributes
+    }
+
     @Test func createWriteCloseIsOnePutWithAttributesInTheListing() throws {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)
-        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: "new.txt", mode: 0o640, caller: caller)
-        try write(fs, opened.handle, Array("hello".utf8))
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
+        let attributes = try storeFile(fs, "new.txt", mode: 0o640, Array("hello".utf8))
         #expect(store.counts.put == 1)
         let stored = try #require(store.object("new.txt"))
         #expect(stored.bytes == Array("hello".utf8))
@@ -162,10 +169,7 @@ struct FilesystemWriteTests {
     @Test func renameOfAMultipartFileMovesOnlyItsManifest() throws {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)
-        let (_, opened) = try fs.create(parent: Filesystem.rootInode, name: "a", mode: 0o644, caller: caller)
-        try write(fs, opened.handle, Array(repeating: 7, count: 2 << 20))
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
+        try storeFile(fs, "a", Array(repeating: 7, count: 2 << 20))
         let parts = store.keys.filter { $0.hasPrefix(".cssp-parts/") }
         store.resetCounts()
         try fs.rename(parent: Filesystem.rootInode, name: "a", newParent: Filesystem.rootInode, newName: "b", noReplace: false)
@@ -178,10 +182,7 @@ struct FilesystemWriteTests {
     @Test func chmodAndUtimesRightAfterWritingNeedNoHead() throws {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)
-        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: "r", mode: 0o644, caller: caller)
-        try write(fs, opened.handle, Array("rsync".utf8))
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
+        let attributes = try storeFile(fs, "r", Array("rsync".utf8))
         store.resetCounts()
         _ = try fs.setattr(attributes.inode, AttributeChanges(mode: 0o600))
         _ = try fs.setattr(attributes.inode, AttributeChanges(modified: Timestamp(seconds: 1_500_000_000, nanoseconds: 7)))
