@@ -1,0 +1,178 @@
+import ObjectStore
+import Synchronization
+
+/// Wraps any store and fails the calls a test chooses, before they reach it (the store never saw
+/// the request) or after it (the store did the work and the answer was lost), or half-way through
+/// a GET's body. Modelled on mountpoint-s3's failure client: one decision per call, so a test can
+/// fail "the 3rd PUT", "every DELETE of keys below x/", or one call in ten at random.
+public final class FaultInjectingStore: ObjectStore {
+    /// One call, as the decision sees it.
+    public struct Call: Sendable, CustomStringConvertible {
+        public enum Operation: String, Sendable, CaseIterable {
+            case headContainer, list, head, get, put, putPart, putManifest, copy, delete, post
+        }
+        public var operation: Operation
+        /// The key (the destination of a copy, the prefix of a list).
+        public var key: String
+        /// How many calls of this operation came before this one (0 for the first).
+        public var index: Int
+
+        public var description: String { "\(operation.rawValue)#\(index) '\(key)'" }
+    }
+
+    /// What happens to one call.
+    public enum Fault: Sendable, Equatable {
+        /// Passed to the wrapped store.
+        case none
+        /// Fails with this code without reaching the store.
+        case before(ObjectStoreError.Code)
+        /// Reaches the store, then fails with this code (the answer was lost).
+        case after(ObjectStoreError.Code)
+        /// A GET delivers half of its body, then fails (a connection cut); other calls: `.before`.
+        case halfway(ObjectStoreError.Code)
+    }
+
+    public let wrapped: any ObjectStore
+    /// Protects the decision and the call counts.
+    private let state: Mutex<(decide: @Sendable (Call) -> Fault, counts: [Call.Operation: Int], injected: [Call])>
+
+    public init(_ wrapped: any ObjectStore, decide: @escaping @Sendable (Call) -> Fault = { _ in .none }) {
+        self.wrapped = wrapped
+        state = Mutex((decide, [:], []))
+    }
+
+    /// Replaces the decision (from now on; counts keep running).
+    public func inject(_ decide: @escaping @Sendable (Call) -> Fault) { state.withLock { $0.decide = decide } }
+
+    /// Fails the next `count` calls of `operation` with `fault`, then passes everything.
+    public func failNext(_ operation: Call.Operation, count: Int = 1, with fault: Fault = .before(.transient)) {
+        let remaining = Mutex(count)
+        inject { call in
+            guard call.operation == operation else { return .none }
+            return remaining.withLock { n in
+                guard n > 0 else { return .none }
+                n -= 1
+                return fault
+            }
+        }
+    }
+
+    /// Passes every call again.
+    public func heal() { inject { _ in .none } }
+
+    /// Every call that was failed, in order (for messages).
+    public var injected: [Call] { state.withLock { $0.injected } }
+
+    private func decide(_ operation: Call.Operation, _ key: String) -> Fault {
+        state.withLock { s in
+            let index = s.counts[operation, default: 0]
+            s.counts[operation] = index + 1
+            let call = Call(operation: operation, key: key, index: index)
+            let fault = s.decide(call)
+            if fault != .none { s.injected.append(call) }
+            return fault
+        }
+    }
+
+    private static func error(_ code: ObjectStoreError.Code, _ operation: Call.Operation, _ key: String, lost: Bool)
+        -> ObjectStoreError
+    {
+        let status: Int
+        switch code {
+        case .notFound: status = 404
+        case .preconditionFailed: status = 412
+        case .accessDenied: status = 403
+        case .throttled: status = 429
+        default: status = 503
+        }
+        return ObjectStoreError(
+            code, "injected \(lost ? "lost answer" : "failure") of \(operation.rawValue) '\(key)'", httpStatus: status)
+    }
+
+    /// Runs `body` under the decision for one call.
+    private func run<T>(_ operation: Call.Operation, _ key: String, _ body: () throws(ObjectStoreError) -> T)
+        throws(ObjectStoreError) -> T
+    {
+        switch decide(operation, key) {
+        case .none: return try body()
+        case .before(let code), .halfway(let code): throw Self.error(code, operation, key, lost: false)
+        case .after(let code):
+            _ = try body()
+            throw Self.error(code, operation, key, lost: true)
+        }
+    }
+
+    public var containerName: String { wrapped.containerName }
+
+    public func headContainer() throws(ObjectStoreError) -> ContainerInfo {
+        try run(.headContainer, "") { () throws(ObjectStoreError) in try wrapped.headContainer() }
+    }
+
+    public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        try run(.list, prefix) { () throws(ObjectStoreError) in
+            try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit)
+        }
+    }
+
+    public func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
+        try run(.head, key) { () throws(ObjectStoreError) in try wrapped.head(key: key) }
+    }
+
+    public func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
+        -> ObjectInfo
+    {
+        let fault = decide(.get, key)
+        switch fault {
+        case .none: return try wrapped.get(key: key, range: range, sink: sink)
+        case .before(let code): throw Self.error(code, .get, key, lost: false)
+        case .after(let code):
+            _ = try wrapped.get(key: key, range: range, sink: sink)
+            throw Self.error(code, .get, key, lost: true)
+        case .halfway(let code):
+            var bytes: [UInt8] = []
+            _ = try wrapped.get(key: key, range: range) { bytes.append(contentsOf: $0) }
+            bytes.prefix(bytes.count / 2).withUnsafeBytes { sink($0) }
+            throw Self.error(code, .get, key, lost: false)
+        }
+    }
+
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError)
+        -> String
+    {
+        try run(.put, key) { () throws(ObjectStoreError) in
+            try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata)
+        }
+    }
+
+    public func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {
+        try run(.putPart, key) { () throws(ObjectStoreError) in try wrapped.putPart(key: key, body: body) }
+    }
+
+    public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String])
+        throws(ObjectStoreError)
+    {
+        try run(.putManifest, key) { () throws(ObjectStoreError) in
+            try wrapped.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
+        }
+    }
+
+    public func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError) {
+        try run(.copy, destination) { () throws(ObjectStoreError) in
+            try wrapped.copy(from: source, to: destination, metadata: metadata)
+        }
+    }
+
+    public func delete(key: String) throws(ObjectStoreError) {
+        try run(.delete, key) { () throws(ObjectStoreError) in try wrapped.delete(key: key) }
+    }
+
+    public func post(key: String, contentType: String, metadata: [String: String], manifest: String?)
+        throws(ObjectStoreError)
+    {
+        try run(.post, key) { () throws(ObjectStoreError) in
+            try wrapped.post(key: key, contentType: contentType, metadata: metadata, manifest: manifest)
+        }
+    }
+
+    public func manifestETag(partETags: [String]) -> String { wrapped.manifestETag(partETags: partETags) }
+}
