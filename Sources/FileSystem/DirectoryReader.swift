@@ -23,8 +23,11 @@ final class DirectoryReader: Sendable {
 
     /// Whether the entries come from a remembered listing rather than from the server.
     let isRemembered: Bool
+    /// The directory's change count when the listing started (see `DirectoryCache`).
+    let startedAt: UInt64
 
-    init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?) {
+    init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, startedAt: UInt64) {
+        self.startedAt = startedAt
         self.store = store
         self.pageSize = pageSize
         self.hidden = hidden
@@ -34,7 +37,8 @@ final class DirectoryReader: Sendable {
     }
 
     /// A reader of a listing already known (complete, in order).
-    init(prefix: String, remembered entries: [DirectoryEntry]) {
+    init(prefix: String, remembered entries: [DirectoryEntry], startedAt: UInt64) {
+        self.startedAt = startedAt
         self.store = nil
         self.pageSize = 0
         self.hidden = nil

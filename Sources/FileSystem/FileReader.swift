@@ -28,6 +28,9 @@ final class FileReader: Sendable {
     let size: Int64
     let etag: String
     let isManifest: Bool
+    /// `container/prefix` of a DLO manifest: a replaced DLO names other parts (uploads use a new
+    /// prefix each), which is how a replaced one is recognised (its ETag varies per response).
+    let manifest: String?
     private let store: any ObjectStore
     private let cache: BlockCache?
     private let cacheObject: BlockCache.Object
@@ -57,7 +60,7 @@ final class FileReader: Sendable {
     private let state = Mutex(State())
 
     init(
-        store: any ObjectStore, key: String, size: Int64, etag: String, isManifest: Bool,
+        store: any ObjectStore, key: String, size: Int64, etag: String, manifest: String?,
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
         kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
     ) {
@@ -66,7 +69,8 @@ final class FileReader: Sendable {
         self.key = key
         self.size = size
         self.etag = etag
-        self.isManifest = isManifest
+        self.isManifest = manifest != nil
+        self.manifest = manifest
         // An object without an ETag has no version to check cached blocks against.
         self.cache = etag.isEmpty ? nil : cache
         self.cacheObject = BlockCache.Object(name: cacheName, etag: etag)
@@ -313,7 +317,7 @@ final class FileReader: Sendable {
         }
         // A DLO's ETag is computed per response and may be absent on ranges: only plain objects
         // are checked. A different ETag means the object was replaced while open.
-        if !isManifest && !info.etag.isEmpty && info.etag != etag {
+        if (!isManifest && !info.etag.isEmpty && info.etag != etag) || (isManifest && info.manifest != manifest) {
             throw FSError(.stale, "read '\(key)': the object changed on the server while it was open")
         }
         guard buffer.count == Int(range.length) else {

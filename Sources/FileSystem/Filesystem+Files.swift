@@ -56,53 +56,83 @@ extension Filesystem {
         if (writable || truncate) && configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
 
         if let open = attach(inode, writable: writable) {
-            if truncate { try open.truncate(to: 0) }
+            if truncate { try truncateAttached(open, writable: writable) }
             return OpenResult(handle: register(.spool(open, writable: writable)), keepCache: true)
         }
         // Close-to-open: a file opened after its writer closed it shows the new content.
-        if !truncate && Self.now() - node.confirmedAt > configuration.attributeCacheSeconds {
+        if !truncate && now() - node.confirmedAt > configuration.attributeCacheSeconds {
             node = try refresh(node)
         }
         guard writable || truncate else {
-            var kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
-            if kernelCache.isInstalled {
-                kernel = { [weak self] (offset: Int64, bytes: UnsafeRawBufferPointer) in
-                    self?.offerToKernel(inode, at: offset, bytes)
-                }
-            }
-            let reader = FileReader(
-                store: store, key: node.key, size: node.size, etag: node.etag, isManifest: node.manifest != nil,
-                cache: configuration.blockCache, cacheName: cacheName(node.key),
-                fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
-                maximumWindow: configuration.readAheadWindow,
-                kernel: kernel)
-            let handle = register(.remote(reader))
+            let handle = register(.remote(makeReader(node), inode, localVersion: node.localVersion))
             let keep = state.withLock { s in
-                let keep = s.nodes[inode]?.cachedEtag == node.etag
-                s.nodes[inode]?.cachedEtag = node.etag
+                let keep = s.inodes[inode]?.cachedEtag == node.etag
+                s.inodes.update(inode) { $0.cachedEtag = node.etag }
                 return keep
             }
             return OpenResult(handle: handle, keepCache: keep)
         }
         let open = try makeSpool(for: node, download: !truncate)
-        // Another thread may have opened the same file meanwhile: its spool wins.
-        let winner: OpenFile = state.withLock { s in
-            if let existing = s.openFiles[inode] { return existing }
+        // Another thread may have opened the same file meanwhile: its spool wins. Taking the spool
+        // and counting this handle on it is one step, so a retiring spool is never attached to.
+        let attached: OpenFile? = state.withLock { s in
+            if let existing = s.openFiles[inode] {
+                existing.state.withLock { o in
+                    if writable { o.writers += 1 } else { o.readers += 1 }
+                }
+                return existing
+            }
+            guard s.inodes[inode] != nil else { return nil }
+            open.state.withLock { o in
+                if writable { o.writers += 1 } else { o.readers += 1 }
+            }
             s.openFiles[inode] = open
+            s.inodes.pin(inode)
+            s.inodes.update(inode) { $0.localVersion += 1 }
             return open
         }
-        if winner !== open { open.discard() }
-        if let attached = attach(inode, writable: writable, existing: winner) {
-            if truncate && winner !== open { try attached.truncate(to: 0) }
-            return OpenResult(handle: register(.spool(attached, writable: writable)), keepCache: !truncate)
+        guard let attached else {
+            open.discard()
+            throw FSError(.stale, "inode \(inode) was forgotten while it was being opened")
         }
-        throw FSError(.stale, "the file was closed while it was being opened")
+        if attached !== open {
+            open.discard()
+            if truncate { try truncateAttached(attached, writable: writable) }
+        }
+        return OpenResult(handle: register(.spool(attached, writable: writable)), keepCache: !truncate)
+    }
+
+    /// O_TRUNC on a spool this handle was just counted on: a failure gives the count back.
+    private func truncateAttached(_ open: OpenFile, writable: Bool) throws(FSError) {
+        do {
+            try open.truncate(to: 0)
+        } catch {
+            detach(open, writable: writable)
+            throw error
+        }
+    }
+
+    /// A reader of the object `node` describes (its key, size and ETag).
+    private func makeReader(_ node: Node) -> FileReader {
+        var kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
+        if kernelCache.isInstalled {
+            let inode = node.inode
+            kernel = { [weak self] (offset: Int64, bytes: UnsafeRawBufferPointer) in
+                self?.offerToKernel(inode, at: offset, bytes)
+            }
+        }
+        return FileReader(
+            store: store, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest,
+            cache: configuration.blockCache, cacheName: cacheName(node.key),
+            fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
+            maximumWindow: configuration.readAheadWindow,
+            kernel: kernel)
     }
 
     /// Counts one more handle on the spool of `inode`, if it has one.
-    private func attach(_ inode: InodeNumber, writable: Bool, existing: OpenFile? = nil) -> OpenFile? {
+    private func attach(_ inode: InodeNumber, writable: Bool) -> OpenFile? {
         state.withLock { s in
-            guard let open = existing ?? s.openFiles[inode] else { return nil }
+            guard let open = s.openFiles[inode] else { return nil }
             open.state.withLock { o in
                 if writable { o.writers += 1 } else { o.readers += 1 }
             }
@@ -155,7 +185,25 @@ extension Filesystem {
         throws(FSError)
     {
         switch try handle(number) {
-        case .remote(let reader): try reader.read(offset: offset, length: length, reply: reply)
+        case .remote(let reader, let inode, let version):
+            // Every handle of one file sees what was written through this mount: a writer's spool
+            // while there is one, else the version stored last (a handle opened before keeps
+            // reading the old one otherwise).
+            let (spool, node) = state.withLock { ($0.openFiles[inode], $0.inodes[inode]) }
+            if let spool { return try spool.read(offset: offset, length: length, reply: reply) }
+            var current = reader
+            if let node, node.localVersion != version {
+                guard node.linked else {
+                    throw FSError(.stale, "read of '\(node.key)': the file was removed after it changed here")
+                }
+                current = makeReader(node)
+                state.withLock { s in
+                    if case .remote? = s.fileHandles[number] {
+                        s.fileHandles[number] = .remote(current, inode, localVersion: node.localVersion)
+                    }
+                }
+            }
+            try current.read(offset: offset, length: length, reply: reply)
         case .spool(let open, _): try open.read(offset: offset, length: length, reply: reply)
         }
     }
@@ -168,8 +216,10 @@ extension Filesystem {
         startEarlyParts(open, writtenEnd: offset + Int64(bytes.count))
         let now = Timestamp.now()
         state.withLock { s in
-            s.nodes[open.inode]?.stored.mtime = now
-            s.nodes[open.inode]?.attributeVersion += 1
+            s.inodes.update(open.inode) { node in
+                node.stored.mtime = now
+                node.attributeVersion += 1
+            }
         }
     }
 
@@ -257,10 +307,8 @@ extension Filesystem {
             }
             guard idle, s.openFiles[open.inode] === open else { return false }
             s.openFiles[open.inode] = nil
-            if let node = s.nodes[open.inode], node.lookups == 0 {
-                s.nodes[open.inode] = nil
-                if s.children[node.parent]?[node.name] == open.inode { s.children[node.parent]?[node.name] = nil }
-            }
+            s.inodes.unpin(open.inode)
+            s.sweep()
             return true
         }
         if done { open.discard() }
@@ -271,7 +319,7 @@ extension Filesystem {
             defer { o.pending = true }
             return o.pending
         }
-        if let node = state.withLock({ $0.nodes[open.inode] }) {
+        if let node = state.withLock({ $0.inodes[open.inode] }) {
             let (contentType, metadata) = storedForm(of: node)
             Spool.writePendingNote(
                 dataPath: open.path, upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata))
@@ -300,59 +348,64 @@ extension Filesystem {
 
     /// Uploads the spool (or only its metadata) if it changed since the last upload.
     func commit(_ open: OpenFile) throws(FSError) {
-        try open.uploadLock.withLock { (_: inout Void) throws(FSError) in
-            let snapshot = open.state.withLock { $0 }
-            if snapshot.unlinked || !(snapshot.dataDirty || snapshot.metadataDirty) { return }
-            guard let node = state.withLock({ $0.nodes[open.inode] }) else { return }
-            let (contentType, metadata) = storedForm(of: node)
-            var etag = node.etag
-            var manifest = node.manifest
-            do throws(ObjectStoreError) {
-                if snapshot.dataDirty {
-                    // This upload uses (or discards) the parts sent early; later writes start anew.
-                    let early: EarlyParts? = open.state.withLock { o in
-                        defer {
-                            o.earlyParts = nil
-                            o.partGenerations = [:]
-                        }
-                        return o.earlyParts
+        try open.uploadLock.withLock { (_: inout Void) throws(FSError) in try commitLocked(open) }
+    }
+
+    /// `commit`, for a caller that holds the spool's upload lock.
+    func commitLocked(_ open: OpenFile) throws(FSError) {
+        let snapshot = open.state.withLock { $0 }
+        if snapshot.unlinked || !(snapshot.dataDirty || snapshot.metadataDirty) { return }
+        guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
+        let (contentType, metadata) = storedForm(of: node)
+        var etag = node.etag
+        var manifest = node.manifest
+        forgetPrefetched(keys: [node.key])
+        do throws(ObjectStoreError) {
+            if snapshot.dataDirty {
+                // This upload uses (or discards) the parts sent early; later writes start anew.
+                let early: EarlyParts? = open.state.withLock { o in
+                    defer {
+                        o.earlyParts = nil
+                        o.partGenerations = [:]
                     }
-                    let result = try uploader.upload(
-                        path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
-                        metadata: metadata, early: early, generations: snapshot.partGenerations)
-                    if let old = node.manifest, old != result.manifest {
-                        uploader.deleteParts(manifest: old, ofKey: node.key)
-                    }
-                    etag = result.etag
-                    manifest = result.manifest
-                } else {
-                    try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
+                    return o.earlyParts
                 }
-            } catch {
-                throw FSError(storeError: error, operation: "upload", path: node.key)
-            }
-            Glibc.unlink(String(open.path.dropLast(".data".count)) + ".pending")
-            open.state.withLock { o in
-                if o.generation == snapshot.generation {
-                    o.dataDirty = false
-                    o.metadataDirty = false
+                let result = try uploader.upload(
+                    path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
+                    metadata: metadata, early: early, generations: snapshot.partGenerations)
+                if let old = node.manifest, old != result.manifest {
+                    uploader.deleteParts(manifest: old, ofKey: node.key)
                 }
+                etag = result.etag
+                manifest = result.manifest
+            } else {
+                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
             }
-            state.withLock { s in
-                guard var current = s.nodes[open.inode] else { return }
+        } catch {
+            throw FSError(storeError: error, operation: "upload", path: node.key)
+        }
+        Glibc.unlink(String(open.path.dropLast(".data".count)) + ".pending")
+        open.state.withLock { o in
+            if o.generation == snapshot.generation {
+                o.dataDirty = false
+                o.metadataDirty = false
+            }
+        }
+        state.withLock { s in
+            let updated = s.inodes.update(open.inode) { current in
                 current.size = snapshot.size
                 current.etag = etag
                 current.manifest = manifest
-                current.confirmedAt = Self.now()
+                current.confirmedAt = now()
                 current.metadataKnownAt = current.confirmedAt
                 current.cachedEtag = etag
                 current.lastModified = Timestamp.now()
-                s.nodes[open.inode] = current
-                updateListing(current.parent, name: current.name, entry: entry(for: current), in: &s)
+                if snapshot.dataDirty { current.localVersion += 1 }
             }
-            if snapshot.dataDirty {
-                seedCache(from: open, generation: snapshot.generation, size: snapshot.size, key: node.key, etag: etag)
-            }
+            if let updated { updateListing(describing: updated, in: &s) }
+        }
+        if snapshot.dataDirty {
+            seedCache(from: open, generation: snapshot.generation, size: snapshot.size, key: node.key, etag: etag)
         }
     }
 
@@ -414,14 +467,13 @@ extension Filesystem {
         let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
         if metadataChanged {
             let updated: Node = state.withLock { s in
-                var n = s.nodes[inode] ?? node
-                if let mode = changes.mode { n.stored.mode = mode & 0o7777 }
-                if let uid = changes.uid { n.stored.uid = uid }
-                if let gid = changes.gid { n.stored.gid = gid }
-                if let modified = changes.modified { n.stored.mtime = modified }
-                n.attributeVersion += 1
-                s.nodes[inode] = n
-                return n
+                s.inodes.update(inode) { n in
+                    if let mode = changes.mode { n.stored.mode = mode & 0o7777 }
+                    if let uid = changes.uid { n.stored.uid = uid }
+                    if let gid = changes.gid { n.stored.gid = gid }
+                    if let modified = changes.modified { n.stored.mtime = modified }
+                    n.attributeVersion += 1
+                } ?? node
             }
             if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
                 try persistAttributes(of: updated)
@@ -437,8 +489,10 @@ extension Filesystem {
         defer { open.discard() }
         try open.truncate(to: size)
         state.withLock { s in
-            s.nodes[node.inode]?.stored.mtime = Timestamp.now()
-            s.nodes[node.inode]?.attributeVersion += 1
+            s.inodes.update(node.inode) { node in
+                node.stored.mtime = Timestamp.now()
+                node.attributeVersion += 1
+            }
         }
         try commit(open)
     }
@@ -448,15 +502,16 @@ extension Filesystem {
     /// (rsync's generator and receiver) cannot store an older state last.
     func persistAttributes(of original: Node) throws(FSError) {
         try attributeLocks[Int(original.inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) throws(FSError) in
-            guard let node = state.withLock({ $0.nodes[original.inode] }) else { return }
+            guard let node = state.withLock({ $0.inodes[original.inode] }) else { return }
             try persistAttributesLocked(node)
         }
     }
 
     private func persistAttributesLocked(_ node: Node) throws(FSError) {
+        forgetPrefetched(keys: [node.key])
         do {
             switch node.kind {
-            case .file where Self.now() - node.metadataKnownAt <= configuration.attributeCacheSeconds:
+            case .file where now() - node.metadataKnownAt <= configuration.attributeCacheSeconds:
                 // Just stored or confirmed (rsync's chmod and utimes right after writing): what
                 // the POST must keep is known, no HEAD needed.
                 try store.post(
@@ -488,10 +543,8 @@ extension Filesystem {
             throw FSError(storeError: error, operation: "set attributes of", path: node.key)
         }
         state.withLock { s in
-            s.nodes[node.inode]?.confirmedAt = Self.now()
-            if node.kind != .directory, let current = s.nodes[node.inode] {
-                updateListing(current.parent, name: current.name, entry: entry(for: current), in: &s)
-            }
+            let current = s.inodes.update(node.inode) { $0.confirmedAt = now() }
+            if node.kind != .directory, let current { updateListing(describing: current, in: &s) }
         }
     }
 

@@ -26,13 +26,10 @@ extension Filesystem {
     /// Adds a node for a name we just made, counting one kernel lookup.
     private func insert(_ node: Node, in s: inout State) -> Node {
         var node = node
-        node.inode = s.nextInode
-        node.lookups = 1
-        node.confirmedAt = Self.now()
-        s.nextInode += 1
-        s.nodes[node.inode] = node
-        s.children[node.parent, default: [:]][node.name] = node.inode
-        return node
+        node.confirmedAt = now()
+        let inserted = s.inodes.insert(node)
+        s.sweep()
+        return inserted
     }
 
     private func newAttributes(mode: UInt16, caller: Caller) -> StoredAttributes {
@@ -55,6 +52,7 @@ extension Filesystem {
             let open = OpenFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true)
             open.state.withLock { $0.writers = 1 }
             s.openFiles[node.inode] = open
+            s.inodes.pin(node.inode)
             let handle = s.nextHandle
             s.nextHandle += 1
             s.fileHandles[handle] = .spool(open, writable: true)
@@ -79,6 +77,7 @@ extension Filesystem {
         let directory = try requireWritableDirectory(parent, name: name)
         let prefix = directory.key + name + "/"
         let stored = newAttributes(mode: mode, caller: caller)
+        forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
         do {
             try store.put(
                 key: prefix, body: .bytes([]), contentType: stored.contentType(base: ObjectKey.directoryContentType),
@@ -92,7 +91,7 @@ extension Filesystem {
                 lastModified: Timestamp.now())
             node.stored = stored
             node = insert(node, in: &s)
-            s.listings[node.inode] = Listing(entries: [:], completedAt: Self.now())
+            s.directories.rememberEmpty(node.inode, now: now())
             updateListing(parent, name: name, entry: DirectoryBuilder.directory(name, key: prefix), in: &s)
             return node
         }
@@ -108,6 +107,7 @@ extension Filesystem {
         // svfs's header, when the target fits in a header as it is; the body always holds it.
         if target.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { metadata[StoredAttributes.symlinkTargetHeader] = target }
         let etag: String
+        forgetPrefetched(keys: [key])
         do {
             etag = try store.put(
                 key: key, body: .bytes(Array(target.utf8)),
@@ -136,83 +136,113 @@ extension Filesystem {
         do {
             let bytes = try store.getBytes(key: node.key, range: nil)
             let target = String(decoding: bytes, as: UTF8.self)
-            state.withLock { $0.nodes[inode]?.symlinkTarget = target }
+            state.withLock { _ = $0.inodes.update(inode) { $0.symlinkTarget = target } }
             return target
         } catch {
             throw FSError(storeError: error, operation: "readlink", path: node.key)
         }
     }
 
-    /// The child `name` of `parent` as a node (looked up without counting a kernel lookup).
-    private func child(_ parent: InodeNumber, _ name: String) throws(FSError) -> Node {
-        let known = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0] } }
+
+    /// What `name` in `parent` is, for an operation on it: the node the name leads to, else what
+    /// the server says (then the node may be gone from the table already: it counts no lookup).
+    private func target(_ parent: InodeNumber, _ name: String) throws(FSError) -> Node {
+        // A name confirmed within attr_timeout, or with unstored bytes, is trusted as the kernel
+        // trusts its dentry; anything older is asked for again (another client may have removed it).
+        let known: Node? = state.withLock { s in
+            guard let node = s.inodes.child(parent, name),
+                s.openFiles[node.inode] != nil || now() - node.confirmedAt <= configuration.attributeCacheSeconds
+            else { return nil }
+            return node
+        }
         if let known { return known }
         let attributes = try lookup(parent: parent, name: name)
-        forget(attributes.inode, count: 1)
-        if let node = state.withLock({ $0.nodes[attributes.inode] }) { return node }
-        // Forgotten at once: rebuild what lookup saw.
-        let directory = try node(parent)
-        let entry = try resolve(name: name, prefix: directory.key)
-        return Node(
-            inode: attributes.inode, parent: parent, name: name, kind: entry.kind, key: entry.key, size: entry.size,
-            etag: entry.etag, lastModified: entry.lastModified)
+        let node: Node? = state.withLock { s in
+            let node = s.inodes[attributes.inode]
+            s.inodes.forget(attributes.inode, count: 1)
+            s.sweep()
+            return node
+        }
+        guard let node else { throw FSError(.stale, "'\(name)' vanished while it was looked up") }
+        return node
     }
 
     public func unlink(parent: InodeNumber, name: String) throws(FSError) {
         _ = try requireWritableDirectory(parent, name: name)
-        let target = try child(parent, name)
+        let target = try target(parent, name)
         guard target.kind != .directory else { throw FSError(.isADirectory, "unlink of a directory") }
         let open = state.withLock { $0.openFiles[target.inode] }
-        let (neverStored, earlyParts) = open?.state.withLock { o in
-            o.unlinked = true
-            defer { o.earlyParts = nil }
-            return (o.dataDirty && target.etag.isEmpty, o.earlyParts)
-        } ?? (false, nil)
-        if let earlyParts { discard(earlyParts) }
-        if !neverStored {
-            try removeObject(key: target.key, manifest: target.manifest)
-        }
-        state.withLock { s in
-            if s.children[parent]?[name] == target.inode { s.children[parent]?[name] = nil }
-            updateListing(parent, name: name, entry: nil, in: &s)
-            if let node = s.nodes[target.inode], node.lookups == 0, s.openFiles[target.inode] == nil {
-                s.nodes[target.inode] = nil
+        // Holding the file's upload lock: an upload under way ends first, and none starts until
+        // the spool is marked removed, so the object cannot reappear after the DELETE.
+        try withUploadsHeld(open.map { [$0] } ?? []) { () throws(FSError) in
+            let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty } ?? false
+            forgetPrefetched(keys: [target.key])
+            if !neverStored { try removeObject(target) }
+            if let open { markRemoved(open) }
+            state.withLock { s in
+                if s.inodes.child(parent, name)?.inode == target.inode || s.inodes.child(parent, name) == nil {
+                    s.inodes.unhook(parent: parent, name: name)
+                }
+                updateListing(parent, name: name, entry: nil, in: &s)
+                s.sweep()
             }
         }
         if let open { retire(open) }
     }
 
-    /// Deletes an object, and its parts when it is a multipart file of ours.
-    private func removeObject(key: String, manifest: String?) throws(FSError) {
-        var manifest = manifest
-        if manifest == nil, let info = try? store.head(key: key) { manifest = info.manifest }
+    /// The spool's file is gone (unlinked, or replaced by a rename): its bytes are never uploaded,
+    /// its early parts are deleted, and no later mount recovers it.
+    func markRemoved(_ open: OpenFile) {
+        let early: EarlyParts? = open.state.withLock { o in
+            o.unlinked = true
+            defer { o.earlyParts = nil }
+            return o.earlyParts
+        }
+        if let early { discard(early) }
+        Spool.removeNote(dataPath: open.path)
+    }
+
+    /// Deletes a file's object, and its parts when it is a multipart file whose parts are ours.
+    /// The manifest is read again first: another mount may have replaced or renamed the file.
+    private func removeObject(_ node: Node) throws(FSError) {
+        var manifest: String? = nil
+        if node.manifest != nil || node.size == 0 {
+            do {
+                manifest = try store.head(key: node.key).manifest
+            } catch where error.code == .notFound {
+                return
+            } catch {
+                throw FSError(storeError: error, operation: "unlink", path: node.key)
+            }
+        }
         do {
-            try store.delete(key: key)
+            try store.delete(key: node.key)
         } catch where error.code == .notFound {
             // Already gone: the name is gone either way.
         } catch {
-            throw FSError(storeError: error, operation: "unlink", path: key)
+            throw FSError(storeError: error, operation: "unlink", path: node.key)
         }
-        if let manifest { uploader.deleteParts(manifest: manifest, ofKey: key) }
+        if let manifest { uploader.deleteParts(manifest: manifest, ofKey: node.key) }
     }
 
     public func rmdir(parent: InodeNumber, name: String) throws(FSError) {
         _ = try requireWritableDirectory(parent, name: name)
-        let target = try child(parent, name)
+        let target = try target(parent, name)
         guard target.kind == .directory else { throw FSError(.notADirectory, "rmdir of a file") }
         try requireEmpty(target)
         try removeDirectoryMarkers(prefix: target.key)
         state.withLock { s in
-            if s.children[parent]?[name] == target.inode { s.children[parent]?[name] = nil }
+            s.inodes.unhook(parent: parent, name: name)
             updateListing(parent, name: name, entry: nil, in: &s)
-            s.listings[target.inode] = nil
+            s.directories.drop(target.inode)
+            s.sweep()
         }
     }
 
     /// ENOTEMPTY unless the directory holds nothing but its own marker (on the server or here).
     private func requireEmpty(_ directory: Node) throws(FSError) {
         let localChildren = state.withLock { s in
-            (s.children[directory.inode] ?? [:]).values.contains { s.openFiles[$0] != nil }
+            s.inodes.children(of: directory.inode).values.contains { s.openFiles[$0] != nil }
         }
         if localChildren { throw FSError(.notEmpty, "'\(directory.key)' holds files being written") }
         let page: ListPage
@@ -226,19 +256,50 @@ extension Filesystem {
         }
     }
 
+    /// Deletes a directory's `dir/` marker, and a `dir` object only when it is a directory object
+    /// (application/directory): a regular file `dir` beside the marker is another name.
     private func removeDirectoryMarkers(prefix: String) throws(FSError) {
-        for key in [prefix, String(prefix.dropLast())] {
+        let typed = String(prefix.dropLast())
+        forgetPrefetched(keys: [prefix, typed])
+        do {
             do {
-                try store.delete(key: key)
+                try store.delete(key: prefix)
+            } catch where error.code == .notFound {}
+            guard !typed.isEmpty else { return }
+            let info: ObjectInfo
+            do {
+                info = try store.head(key: typed)
             } catch where error.code == .notFound {
-            } catch {
-                throw FSError(storeError: error, operation: "rmdir", path: key)
+                return
             }
+            guard ObjectKey.isDirectoryContentType(info.contentType) else { return }
+            do {
+                try store.delete(key: typed)
+            } catch where error.code == .notFound {}
+        } catch {
+            throw FSError(storeError: error, operation: "rmdir", path: prefix)
         }
     }
 
     public func link() throws(FSError) {
         throw FSError(.notPermitted, "hard links are not supported: objects have one name each")
+    }
+
+    /// Runs `body` holding the upload locks of `spools` (in inode order, the one order every
+    /// holder of several uses): no upload of them runs meanwhile.
+    func withUploadsHeld<T>(_ spools: [OpenFile], _ body: () throws(FSError) -> T) throws(FSError) -> T {
+        var unique: [OpenFile] = []
+        for open in spools.sorted(by: { $0.inode < $1.inode }) where !unique.contains(where: { $0 === open }) {
+            unique.append(open)
+        }
+        return try holding(unique[...], body)
+    }
+
+    private func holding<T>(_ spools: ArraySlice<OpenFile>, _ body: () throws(FSError) -> T) throws(FSError) -> T {
+        guard let first = spools.first else { return try body() }
+        return try first.uploadLock.withLock { (_: inout Void) throws(FSError) -> T in
+            try holding(spools.dropFirst(), body)
+        }
     }
 
     // MARK: Rename
@@ -248,15 +309,19 @@ extension Filesystem {
     {
         _ = try requireWritableDirectory(parent, name: name)
         let destinationDirectory = try requireWritableDirectory(newParent, name: newName)
-        let source = try child(parent, name)
+        let source = try target(parent, name)
+        let newKey = destinationDirectory.key + newName + (source.kind == .directory ? "/" : "")
+        if source.key == newKey { return }
+        if source.kind == .directory && newKey.utf8.starts(with: source.key.utf8) {
+            throw FSError(.invalidArgument, "cannot move '\(source.key)' below itself")
+        }
         var existing: Node? = nil
         do {
-            existing = try child(newParent, newName)
+            existing = try target(newParent, newName)
         } catch where error.code == .notFound {
             existing = nil
         }
         if let existing {
-            if existing.inode == source.inode { return }
             if noReplace { throw FSError(.exists, "'\(newName)' exists") }
             switch (source.kind == .directory, existing.kind == .directory) {
             case (true, false): throw FSError(.notADirectory, "cannot replace a file with a directory")
@@ -265,64 +330,87 @@ extension Filesystem {
             case (false, false): break
             }
         }
-        if source.kind == .directory {
-            try renameDirectory(source, to: destinationDirectory.key + newName + "/")
-            if let existing { try removeDirectoryMarkers(prefix: existing.key) }
-        } else {
-            try renameFile(source, to: destinationDirectory.key + newName, replacing: existing)
-        }
-        state.withLock { s in
-            if s.children[parent]?[name] == source.inode { s.children[parent]?[name] = nil }
-            if let existing, s.children[newParent]?[newName] == existing.inode {
-                s.children[newParent]?[newName] = nil
-                if let old = s.nodes[existing.inode], old.lookups == 0, s.openFiles[existing.inode] == nil {
-                    s.nodes[existing.inode] = nil
-                }
-            }
-            s.children[newParent, default: [:]][newName] = source.inode
-            guard var node = s.nodes[source.inode] else { return }
-            node.parent = newParent
-            node.name = newName
-            node.key = source.kind == .directory ? destinationDirectory.key + newName + "/" : destinationDirectory.key + newName
-            s.nodes[source.inode] = node
+        forgetPrefetched(
+            keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
+            prefixes: source.kind == .directory ? [source.key, newKey] : [])
+        let finish = { [self] (s: inout State) -> Void in
             updateListing(parent, name: name, entry: nil, in: &s)
-            updateListing(
-                newParent, name: newName,
-                entry: node.kind == .directory ? DirectoryBuilder.directory(newName, key: node.key) : entry(for: node),
-                in: &s)
-            if source.kind == .directory { rekeyDescendants(from: source.key, to: node.key, in: &s) }
+            if s.inodes.child(parent, name)?.inode == source.inode {
+                for inode in s.inodes.move(source.inode, to: newParent, name: newName, key: newKey)
+                where s.inodes[inode]?.kind == .directory {
+                    s.directories.drop(inode)
+                }
+            } else {
+                s.inodes.unhook(parent: parent, name: name)
+                s.inodes.unhook(parent: newParent, name: newName)
+            }
+            let entry: DirectoryEntry
+            if let moved = s.inodes.child(newParent, newName), moved.inode == source.inode {
+                entry = moved.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: moved)
+            } else {
+                var renamed = source
+                renamed.name = newName
+                renamed.key = newKey
+                entry = source.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: renamed)
+            }
+            updateListing(newParent, name: newName, entry: entry, in: &s)
+            s.sweep()
+        }
+        defer {
+            // Again: a HEAD that started during the rename may have recorded the old objects.
+            forgetPrefetched(
+                keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
+                prefixes: source.kind == .directory ? [source.key, newKey] : [])
+        }
+        if source.kind == .directory {
+            try renameDirectory(source, to: newKey, replacing: existing, finish: finish)
+        } else {
+            try renameFile(source, to: newKey, replacing: existing, finish: finish)
         }
     }
 
-    private func renameFile(_ source: Node, to key: String, replacing existing: Node?) throws(FSError) {
-        // Unstored changes go first, so the copy carries the latest bytes and attributes.
-        if let open = state.withLock({ $0.openFiles[source.inode] }) { try commit(open) }
-        let oldManifest: String?
-        if let existing { oldManifest = existing.manifest ?? (try? store.head(key: existing.key))?.manifest } else {
-            oldManifest = nil
+    private func renameFile(
+        _ source: Node, to key: String, replacing existing: Node?, finish: (inout State) -> Void
+    ) throws(FSError) {
+        let (sourceSpool, replacedSpool) = state.withLock { s in
+            (s.openFiles[source.inode], existing.flatMap { s.openFiles[$0.inode] })
         }
-        do {
-            let info = try store.head(key: source.key)
-            if let manifest = info.manifest {
-                let container = store.containerName + "/"
-                var partPrefix = String(manifest.dropFirst(container.count))
-                if !partPrefix.utf8.starts(with: Filesystem.partsPrefix.utf8) {
-                    // Parts below the old name would turn into a directory there: move them to ours.
-                    partPrefix = try moveParts(from: partPrefix)
-                }
-                try store.putManifest(key: key, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
-                try store.delete(key: source.key)
-                state.withLock { $0.nodes[source.inode]?.manifest = container + partPrefix }
-            } else {
-                try store.copy(from: source.key, to: key, metadata: nil)
-                try store.delete(key: source.key)
+        try withUploadsHeld([sourceSpool, replacedSpool].compactMap { $0 }) { () throws(FSError) in
+            // Unstored changes go first, so the copy carries the latest bytes and attributes.
+            if let sourceSpool { try commitLocked(sourceSpool) }
+            var oldManifest: String? = nil
+            if let existing, existing.manifest != nil || existing.size == 0 {
+                oldManifest = (try? store.head(key: existing.key))?.manifest
             }
-        } catch {
-            throw FSError(storeError: error, operation: "rename", path: source.key)
+            var newManifest: String? = nil
+            do throws(ObjectStoreError) {
+                let info = try store.head(key: source.key)
+                if let manifest = info.manifest {
+                    let container = store.containerName + "/"
+                    var partPrefix = String(manifest.dropFirst(container.count))
+                    if !partPrefix.utf8.starts(with: Filesystem.partsPrefix.utf8) {
+                        // Parts below the old name would turn into a directory there: move them to ours.
+                        partPrefix = try moveParts(from: partPrefix)
+                    }
+                    try store.putManifest(key: key, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
+                    try store.delete(key: source.key)
+                    newManifest = container + partPrefix
+                } else {
+                    try store.copy(from: source.key, to: key, metadata: nil)
+                    try store.delete(key: source.key)
+                }
+            } catch {
+                throw FSError(storeError: error, operation: "rename", path: source.key)
+            }
+            // POSIX: the replaced file's data is gone; its writers keep a file no name leads to.
+            if let replacedSpool { markRemoved(replacedSpool) }
+            state.withLock { s in
+                if let newManifest { s.inodes.update(source.inode) { $0.manifest = newManifest } }
+                finish(&s)
+            }
+            if let oldManifest, oldManifest != newManifest { uploader.deleteParts(manifest: oldManifest, ofKey: key) }
         }
-        if let oldManifest, oldManifest != state.withLock({ $0.nodes[source.inode]?.manifest }) {
-            uploader.deleteParts(manifest: oldManifest, ofKey: key)
-        }
+        if let replacedSpool { retire(replacedSpool) }
     }
 
     /// Copies every part below `prefix` to a new prefix of ours and deletes the originals.
@@ -336,56 +424,53 @@ extension Filesystem {
         return destination
     }
 
-    /// Moves every key below `source` (a prefix) below `destination`, then the markers.
-    private func renameDirectory(_ directory: Node, to destination: String) throws(FSError) {
-        if let open = state.withLock({ s in
-            s.openFiles.values.first { o in s.nodes[o.inode].map { $0.key.utf8.starts(with: directory.key.utf8) } ?? false }
-        }) {
-            try commit(open)
-        }
-        let keys: [ListEntry]
-        do {
-            keys = try store.listAll(prefix: directory.key, delimiter: nil)
-        } catch {
-            throw FSError(storeError: error, operation: "rename", path: directory.key)
-        }
-        let store = self.store
+    /// Moves every key below `directory`'s prefix below `destination`, then the markers. Every
+    /// spool below it is stored first and held (no upload under the old prefix meanwhile).
+    private func renameDirectory(
+        _ directory: Node, to destination: String, replacing existing: Node?, finish: (inout State) -> Void
+    ) throws(FSError) {
         let source = directory.key
-        let failure = Concurrently.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
-            guard case .object(let summary) = keys[index] else { return }
-            let newKey = destination + String(summary.key.dropFirst(source.count))
-            // Only zero-byte objects can be DLO manifests; they move as manifests, not as bytes.
-            if summary.size == 0, case let info = try store.head(key: summary.key), let manifest = info.manifest {
-                let partPrefix = String(manifest.dropFirst(store.containerName.count + 1))
-                try store.putManifest(
-                    key: newKey, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
-            } else {
-                try store.copy(from: summary.key, to: newKey, metadata: nil)
-            }
-            try store.delete(key: summary.key)
+        let spools: [OpenFile] = state.withLock { s in
+            s.openFiles.values.filter { open in s.inodes[open.inode].map { $0.key.utf8.starts(with: source.utf8) } ?? false }
         }
-        if let failure {
-            throw FSError(storeError: failure, operation: "rename (partly done)", path: directory.key)
-        }
-        // An application/directory object named like the directory moves too.
-        let typedMarker = String(source.dropLast())
-        if let info = try? store.head(key: typedMarker), ObjectKey.isDirectoryContentType(info.contentType) {
-            do {
-                try store.copy(from: typedMarker, to: String(destination.dropLast()), metadata: nil)
-                try store.delete(key: typedMarker)
+        try withUploadsHeld(spools) { () throws(FSError) in
+            for open in spools { try commitLocked(open) }
+            // The replaced directory is empty: its markers go first, so that ours take their place.
+            if let existing { try removeDirectoryMarkers(prefix: existing.key) }
+            let keys: [ListEntry]
+            do throws(ObjectStoreError) {
+                keys = try store.listAll(prefix: source, delimiter: nil)
             } catch {
-                throw FSError(storeError: error, operation: "rename", path: typedMarker)
+                throw FSError(storeError: error, operation: "rename", path: source)
             }
-        }
-    }
-
-    /// After a directory rename: every known node below it gets its new key; listings are dropped.
-    private func rekeyDescendants(from old: String, to new: String, in s: inout State) {
-        for (inode, var node) in s.nodes where node.key.utf8.starts(with: old.utf8) && node.key != new {
-            if node.key == old { continue }
-            node.key = new + String(node.key.dropFirst(old.count))
-            s.nodes[inode] = node
-            s.listings[inode] = nil
+            let store = self.store
+            let failure = Concurrently.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
+                guard case .object(let summary) = keys[index] else { return }
+                let newKey = destination + String(summary.key.dropFirst(source.count))
+                // Only zero-byte objects can be DLO manifests; they move as manifests, not as bytes.
+                if summary.size == 0, case let info = try store.head(key: summary.key), let manifest = info.manifest {
+                    let partPrefix = String(manifest.dropFirst(store.containerName.count + 1))
+                    try store.putManifest(
+                        key: newKey, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
+                } else {
+                    try store.copy(from: summary.key, to: newKey, metadata: nil)
+                }
+                try store.delete(key: summary.key)
+            }
+            if let failure {
+                throw FSError(storeError: failure, operation: "rename (partly done)", path: source)
+            }
+            // An application/directory object named like the directory moves too.
+            let typedMarker = String(source.dropLast())
+            if let info = try? store.head(key: typedMarker), ObjectKey.isDirectoryContentType(info.contentType) {
+                do throws(ObjectStoreError) {
+                    try store.copy(from: typedMarker, to: String(destination.dropLast()), metadata: nil)
+                    try store.delete(key: typedMarker)
+                } catch {
+                    throw FSError(storeError: error, operation: "rename", path: typedMarker)
+                }
+            }
+            state.withLock { finish(&$0) }
         }
     }
 }

@@ -46,6 +46,21 @@ extension Filesystem {
         var next = 0
         var workers = 0
         var stopped = false
+        /// Keys we changed while a HEAD of them was running: its answer describes the old object.
+        var stale: Set<String> = []
+    }
+
+    /// Our own change of `keys`, or of every key below `prefixes`: what a HEAD said of them
+    /// before is stale (a mode we just set must not come back from an older HEAD's answer).
+    func forgetPrefetched(keys: [String], prefixes: [String] = []) {
+        prefetch.withLock { p in
+            func drop(_ key: String) {
+                if case .running? = p.slots[key] { p.stale.insert(key) } else { p.slots[key] = nil }
+            }
+            for key in keys { drop(key) }
+            guard !prefixes.isEmpty else { return }
+            for key in p.slots.keys where prefixes.contains(where: { key.utf8.starts(with: $0.utf8) }) { drop(key) }
+        }
     }
 
     /// Drops every answer once the table is full (queued and running HEADs stay).
@@ -67,14 +82,13 @@ extension Filesystem {
     func prefetchMetadata(of entries: [DirectoryEntry], in parent: InodeNumber) {
         let limit = configuration.metadataPrefetchLimit
         guard limit > 0 else { return }
-        let now = Self.now()
+        let now = self.now()
         let wanted = entries.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
         let versions: [String: UInt64] = state.withLock { s in
-            guard let children = s.children[parent] else { return [:] }
             var versions: [String: UInt64] = [:]
             for entry in wanted {
-                if let inode = children[entry.name], let node = s.nodes[inode] { versions[entry.name] = node.attributeVersion }
+                if let node = s.inodes.child(parent, entry.name) { versions[entry.name] = node.attributeVersion }
             }
             return versions
         }
@@ -152,37 +166,45 @@ extension Filesystem {
     /// Records the answer of a HEAD of a listed entry (nil: the HEAD failed). A file's answer is
     /// kept only if it describes the listed object (a zero-byte one may be a DLO manifest, whose
     /// HEAD names the parts' ETag).
-    func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??) {
+    @discardableResult
+    func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??, fromWorker: Bool = false) -> Bool {
         prefetch.withLock { p in
+            if fromWorker, p.stale.remove(entry.key) != nil {
+                p.slots[entry.key] = nil
+                return false
+            }
             Self.bound(&p)
             if let answer, entry.kind == .directory || entry.size == 0 || answer?.etag == entry.etag {
-                p.slots[entry.key] = .done(answer, etag: entry.etag, listed: entry.lastModified, at: Self.now())
+                p.slots[entry.key] = .done(answer, etag: entry.etag, listed: entry.lastModified, at: now())
             } else {
                 p.slots[entry.key] = nil  // failed, or the object changed since the listing
             }
+            return true
         }
     }
 
     /// Records a HEAD's answer, wakes waiters, and hands the answer to a node the kernel knows.
     private func finishPrefetch(_ job: PrefetchJob, answer: ObjectInfo??, group: DispatchGroup) {
         let entry = job.entry
-        recordPrefetched(entry, answer: answer)
+        let recorded = recordPrefetched(entry, answer: answer, fromWorker: true)
         group.leave()
-        guard let answer else { return }
+        guard recorded, let answer else { return }
         state.withLock { s in
-            guard let inode = s.children[job.parent]?[entry.name], var node = s.nodes[inode], node.kind == entry.kind,
-                s.openFiles[inode] == nil
+            // The node the listed name leads to now, if it still describes the listed object.
+            guard let node = s.inodes.child(job.parent, entry.name), node.kind == entry.kind, node.key == entry.key,
+                s.openFiles[node.inode] == nil
             else { return }
-            switch entry.kind {
-            case .directory:
-                guard node.attributeVersion == job.version else { return }
-                node.stored = answer.map(StoredAttributes.of) ?? StoredAttributes()
-                node.confirmedAt = Self.now()
-            case .file, .symlink:
-                guard let info = answer, info.etag == node.etag else { return }
-                apply(info, to: &node, seenAtVersion: job.version)
+            s.inodes.update(node.inode) { node in
+                switch entry.kind {
+                case .directory:
+                    guard node.attributeVersion == job.version else { return }
+                    node.stored = answer.map(StoredAttributes.of) ?? StoredAttributes()
+                    node.confirmedAt = now()
+                case .file, .symlink:
+                    guard let info = answer, info.etag == node.etag else { return }
+                    apply(info, to: &node, seenAtVersion: job.version)
+                }
             }
-            s.nodes[inode] = node
         }
     }
 
@@ -198,7 +220,7 @@ extension Filesystem {
     /// The background HEAD's answer for `entry`. With `wait`, waits for a HEAD that is running and
     /// takes a queued one out of the queue (`.yours`).
     func prefetchedMetadata(_ entry: DirectoryEntry, wait: Bool) -> PrefetchAnswer {
-        let now = Self.now()
+        let now = self.now()
         let slot: PrefetchSlot? = prefetch.withLock { p in
             let slot = p.slots[entry.key]
             if wait, case .queued? = slot { p.slots[entry.key] = nil }

@@ -7,23 +7,42 @@ import Synchronization
 import Glibc
 #endif
 
+// LOCKING (the one list; other files point here)
+//
+// Every lock of the FileSystem module, in the order they may be taken (a lock may be taken while
+// holding only locks above it):
+//   1. `OpenFile.uploadLock` (SerialLock, one per spool): serialises the uploads of one file and
+//      keeps a namespace operation's change of that file from racing its upload. HELD ACROSS
+//      NETWORK I/O on purpose. Several are held at once only by `withUploadsHeld` (rename,
+//      unlink), always in inode order.
+//   2. `attributeLocks[inode % 64]` (SerialLock): serialises one node's attribute HEAD + POST.
+//      HELD ACROSS NETWORK I/O on purpose. Never taken with an upload lock held, nor the reverse.
+//   3. `state` (Mutex<State>): the inode table, directory cache, handles and spools. Never held
+//      across I/O (network, SQLite, spool files) or a FUSE reply.
+//   4. `OpenFile.state` (Mutex): one spool's counters; taken inside `state` (attach, retire) or alone.
+//   5. `prefetch` (Mutex): the background HEAD table. Never taken together with `state`.
+//   6. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
+//      and its blocks, `EarlyParts.state`, `KernelCache`, the block cache's own.
+// No lock of this module is held while calling into the FUSE layer.
+
 /// The filesystem semantics of a container: inodes, directories from listings, reads, writes
 /// through spool files, and the namespace operations. It knows nothing of FUSE; every method is
 /// synchronous, thread-safe and may block on the network.
 ///
 /// Subtleties:
-/// 1. Inodes are numbered per (parent, name) while the kernel holds a lookup on them; numbers are
-///    never reused, so the generation is always 0. A name whose kind changes (file -> directory)
-///    gets a new inode; the old one lives until the kernel forgets it.
+/// 1. Nodes, names and lookup counts belong to `InodeTable`; listings to `DirectoryCache`. Both
+///    are value types in `State`, and no other code writes their tables.
 /// 2. A complete directory listing is remembered for `directoryCacheSeconds` and answers lookups
 ///    in that directory, which is what makes `ls -l` cost one listing instead of a HEAD per entry.
 ///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
-///    `dir/` marker) are HEADed. Our own changes update the remembered listing in place.
+///    `dir/` marker) are HEADed. Our own changes update the remembered listing in place, and a
+///    listing that started before one of them is not remembered.
 /// 3. Outside a remembered listing, a lookup asks the server twice: HEAD `key` and a one-entry
 ///    listing of `key/`, then applies the same collision rule as readdir (DirectoryBuilder).
 /// 4. The prefix `.cssp-parts/` at the container root holds multipart parts; it is never shown.
-/// 5. Lock order: `state`, then an `OpenFile`'s or reader's own lock. No lock is held during
-///    network I/O, except `OpenFile.uploadLock`, whose only job is to serialise one file's uploads.
+/// 5. A file with a spool is described by its spool (size, attributes not stored yet): listings
+///    and HEADs never overwrite it. Every handle of one file reads what was written through this
+///    mount (see `read`). Locks: the LOCKING block above.
 public final class Filesystem: Sendable {
     public static let rootInode: InodeNumber = 1
     /// The inode number readdir reports for names the kernel has not looked up yet.
@@ -36,77 +55,39 @@ public final class Filesystem: Sendable {
     let logger: Logger
     let spool: Spool
 
-    struct Node {
-        var inode: InodeNumber
-        var parent: InodeNumber
-        var name: String
-        var kind: NodeKind
-        /// The object key of a file or symlink; the key prefix ("…/" or "") of a directory.
-        var key: String
-        var size: Int64
-        var etag: String
-        /// The server's time of the last change.
-        var lastModified: Timestamp
-        var stored = StoredAttributes()
-        /// The content type without csspfs's parameters.
-        var baseContentType = ""
-        /// `container/prefix` of a DLO manifest.
-        var manifest: String? = nil
-        /// When size/etag were last confirmed by the server (monotonic seconds); 0 = never.
-        var confirmedAt: Double = 0
-        var lookups: UInt64 = 0
-        /// The ETag of the content the kernel's page cache may hold for this inode.
-        var cachedEtag: String? = nil
-        var symlinkTarget: String? = nil
-        /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
-        var extraMetadata: [String: String] = [:]
-        /// When the object's full metadata was last known (a HEAD, or our own upload); 0 = never
-        /// (a listing shows no metadata).
-        var metadataKnownAt: Double = 0
-        /// Bumped by every local attribute change. A HEAD that started before a change must not
-        /// overwrite it with what the server had then (`apply` checks).
-        var attributeVersion: UInt64 = 0
-    }
-
-    struct Listing {
-        var entries: [String: DirectoryEntry]
-        var completedAt: Double
-    }
-
     enum Handle {
-        /// A read-only handle on an object that nobody is writing through this mount.
-        case remote(FileReader)
+        /// A read-only handle on an object that nobody was writing through this mount at open.
+        case remote(FileReader, InodeNumber, localVersion: UInt64)
         /// A handle on the spool of a file open for writing (or not yet stored).
         case spool(OpenFile, writable: Bool)
     }
 
     struct State {
-        var nodes: [InodeNumber: Node] = [:]
-        var children: [InodeNumber: [String: InodeNumber]] = [:]
-        var nextInode: InodeNumber = 2
-        var listings: [InodeNumber: Listing] = [:]
+        var inodes: InodeTable
+        var directories = DirectoryCache()
         var directoryHandles: [UInt64: DirectoryReader] = [:]
         var fileHandles: [UInt64: Handle] = [:]
         /// Spools by inode: files open for writing, and closed files whose upload is pending.
         var openFiles: [InodeNumber: OpenFile] = [:]
         var nextHandle: UInt64 = 1
         var statistics: (value: FilesystemStatistics, at: Double)?
-        /// When a lookup last had to ask the server about one name in a directory (see `lookup`).
-        var lastResolved: [InodeNumber: Double] = [:]
-        /// Directories being listed for lookups right now (one listing at a time each).
-        var listingForLookup: Set<InodeNumber> = []
+
+        /// Drops the listings of directories the inode table no longer holds.
+        mutating func sweep() {
+            for directory in inodes.takeRemovedDirectories() { directories.remove(directory) }
+        }
     }
 
-    /// Protects every table above.
+    /// Protects every table above (lock 3 of the LOCKING block at the top of this file).
     let state: Mutex<State>
     /// Stores fetched bytes in the kernel's page cache (installed by the FUSE layer).
     public let kernelCache = KernelCache()
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
-    /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them.
+    /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 5).
     let prefetch = Mutex(PrefetchState())
     let prefetching = DispatchGroup()
-    /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST.
+    /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 2).
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
 
     public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
@@ -114,16 +95,13 @@ public final class Filesystem: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.spool = try Spool(directory: configuration.spoolDirectory)
-        var initial = State()
-        var root = Node(
-            inode: Self.rootInode, parent: Self.rootInode, name: "", kind: .directory, key: configuration.rootPrefix,
-            size: 0, etag: "", lastModified: configuration.directoryTime)
-        root.lookups = 1
-        initial.nodes[Self.rootInode] = root
-        state = Mutex(initial)
+        state = Mutex(State(inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)))
     }
 
-    static func now() -> Double {
+    /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
+    func now() -> Double { configuration.clock?() ?? Self.monotonicNow() }
+
+    static func monotonicNow() -> Double {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
@@ -153,7 +131,7 @@ public final class Filesystem: Sendable {
     }
 
     func node(_ inode: InodeNumber) throws(FSError) -> Node {
-        guard let node = state.withLock({ $0.nodes[inode] }) else {
+        guard let node = state.withLock({ $0.inodes[inode] }) else {
             throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)")
         }
         return node
@@ -166,7 +144,7 @@ public final class Filesystem: Sendable {
             node.size = open.size
             return attributes(of: node)
         }
-        if node.kind != .directory && Self.now() - node.confirmedAt > configuration.attributeCacheSeconds {
+        if node.kind != .directory && now() - node.confirmedAt > configuration.attributeCacheSeconds {
             node = try refresh(node)
         }
         return attributes(of: node)
@@ -174,7 +152,7 @@ public final class Filesystem: Sendable {
 
     /// HEADs a file's object and stores what it says.
     func refresh(_ node: Node) throws(FSError) -> Node {
-        let version = state.withLock { $0.nodes[node.inode]?.attributeVersion } ?? node.attributeVersion
+        let version = state.withLock { $0.inodes[node.inode]?.attributeVersion } ?? node.attributeVersion
         let info: ObjectInfo
         do {
             info = try store.head(key: node.key)
@@ -182,10 +160,7 @@ public final class Filesystem: Sendable {
             throw FSError(storeError: error, operation: "stat", path: node.key)
         }
         return state.withLock { s in
-            var updated = s.nodes[node.inode] ?? node
-            apply(info, to: &updated, seenAtVersion: version)
-            s.nodes[node.inode] = updated
-            return updated
+            s.inodes.update(node.inode) { apply(info, to: &$0, seenAtVersion: version) } ?? node
         }
     }
 
@@ -204,11 +179,11 @@ public final class Filesystem: Sendable {
         node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         node.manifest = info.manifest
         node.extraMetadata = info.metadata.filter { !Self.ownMetadataNames.contains($0.key) }
-        node.metadataKnownAt = Self.now()
+        node.metadataKnownAt = now()
         if node.kind == .symlink, let target = info.metadata[StoredAttributes.symlinkTargetHeader] {
             node.symlinkTarget = target
         }
-        node.confirmedAt = Self.now()
+        node.confirmedAt = now()
     }
 
     static let ownMetadataNames: Set<String> = ["mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader]
@@ -225,23 +200,22 @@ public final class Filesystem: Sendable {
         if isHidden(name, in: directory) { throw FSError(.notFound, "'\(name)' is reserved for multipart parts") }
         // A file created here and not yet stored exists only in our tables.
         let local: Attributes? = state.withLock { s in
-            guard let inode = s.children[parent]?[name], s.openFiles[inode] != nil, var node = s.nodes[inode] else {
-                return nil
-            }
-            node.lookups += 1
-            node.size = s.openFiles[inode]!.size
-            s.nodes[inode] = node
+            guard var node = s.inodes.child(parent, name), let open = s.openFiles[node.inode] else { return nil }
+            s.inodes.countLookup(node.inode)
+            node.size = open.size
             return attributes(of: node)
         }
         if let local { return local }
 
         let listed: DirectoryEntry?? = state.withLock { s in
-            guard let listing = s.listings[parent],
-                Self.now() - listing.completedAt <= configuration.directoryCacheSeconds
+            guard let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return .none }
             return .some(listing.entries[name])
         }
         var entry: DirectoryEntry
+        // The HEAD a lookup outside a listing sent: the file's full description (a DLO's real size
+        // and manifest, metadata headers).
+        var headed: ObjectInfo? = nil
         switch listed {
         case .some(.some(let found)): entry = found
         case .some(.none): throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
@@ -250,18 +224,20 @@ public final class Filesystem: Sendable {
                 guard let found = listing[name] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
                 entry = found
             } else {
-                entry = try resolve(name: name, prefix: directory.key)
+                (entry, headed) = try resolve(name: name, prefix: directory.key)
             }
         }
         // Zero-byte files may be DLO manifests; directories keep their attributes on a marker.
-        var info: ObjectInfo? = nil
+        var info: ObjectInfo? = headed
         var markerChecked = false
         var fresh = false
-        let version = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0]?.attributeVersion } } ?? 0
+        let version = state.withLock { s in s.inodes.child(parent, name)?.attributeVersion } ?? 0
         let needsHead = (entry.kind == .file && entry.size == 0) || entry.kind == .directory
-        if needsHead {
-            let known = state.withLock { s in s.children[parent]?[name].flatMap { s.nodes[$0] } }
-            if let known, known.kind == entry.kind, Self.now() - known.confirmedAt <= configuration.attributeCacheSeconds {
+        if info != nil {
+            // Described by the HEAD already.
+        } else if needsHead {
+            let known = state.withLock { s in s.inodes.child(parent, name) }
+            if let known, known.kind == entry.kind, now() - known.confirmedAt <= configuration.attributeCacheSeconds {
                 // A zero-byte listing entry may be a DLO whose size and ETag the node has from a HEAD.
                 fresh = true
             } else if case .known(let answer) = prefetchedMetadata(entry, wait: true) {
@@ -311,17 +287,17 @@ public final class Filesystem: Sendable {
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
     func listForLookups(_ directory: Node) throws(FSError) -> [String: DirectoryEntry]? {
         let inode = directory.inode
-        let now = Self.now()
-        let start: Bool = state.withLock { s in
-            defer { s.lastResolved[inode] = now }
-            guard let last = s.lastResolved[inode], now - last <= Self.lookupListingWindow,
-                !s.listingForLookup.contains(inode)
-            else { return false }
-            s.listingForLookup.insert(inode)
-            return true
+        let now = self.now()
+        let start: UInt64? = state.withLock { s in
+            defer { s.directories.lastResolved[inode] = now }
+            guard let last = s.directories.lastResolved[inode], now - last <= Self.lookupListingWindow,
+                !s.directories.listingForLookup.contains(inode)
+            else { return nil }
+            s.directories.listingForLookup.insert(inode)
+            return s.directories.changeCount(inode)
         }
-        guard start else { return nil }
-        defer { _ = state.withLock { $0.listingForLookup.remove(inode) } }
+        guard let start else { return nil }
+        defer { _ = state.withLock { $0.directories.listingForLookup.remove(inode) } }
         let reader = makeDirectoryReader(directory)
         var index = 0
         while true {
@@ -331,27 +307,39 @@ public final class Filesystem: Sendable {
             if index > Self.lookupListingLimit { return nil }
         }
         guard let entries = reader.completeEntries() else { return nil }
-        return remember(entries, for: inode)
+        return remember(entries, for: inode, startedAt: start)
     }
 
     static let lookupListingWindow: Double = 30
     static let lookupListingLimit = 100_000
 
-    /// Stores a complete listing of directory `inode`; returns it as a table.
+    /// Stores a complete listing of directory `inode` that started at change count `startedAt`,
+    /// unless the directory changed here since (DirectoryCache rule 2); returns it as a table.
     @discardableResult
-    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber) -> [String: DirectoryEntry] {
+    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64) -> [String: DirectoryEntry] {
         var table: [String: DirectoryEntry] = [:]
         table.reserveCapacity(entries.count)
         for entry in entries { table[entry.name] = entry }
-        state.withLock { s in s.listings[inode] = Listing(entries: table, completedAt: Self.now()) }
+        state.withLock { s in
+            guard s.inodes[inode] != nil,
+                s.directories.remember(table, for: inode, now: now(), startedAt: startedAt)
+            else { return }
+            // Names the server no longer lists are gone (another client removed them), unless
+            // they hold bytes not stored yet.
+            for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
+                s.inodes.unhook(parent: inode, name: name)
+            }
+            s.sweep()
+        }
         prefetchMetadata(of: entries, in: inode)
         return table
     }
 
     func makeDirectoryReader(_ directory: Node) -> DirectoryReader {
-        DirectoryReader(
+        let startedAt = state.withLock { $0.directories.changeCount(directory.inode) }
+        return DirectoryReader(
             store: store, prefix: directory.key, pageSize: configuration.listPageSize,
-            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil)
+            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, startedAt: startedAt)
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
@@ -360,19 +348,36 @@ public final class Filesystem: Sendable {
         _ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, markerChecked: Bool, version: UInt64,
         fresh: Bool = false, in s: inout State
     ) -> Attributes {
-        var node: Node
-        if let existing = s.children[parent]?[entry.name], let old = s.nodes[existing], old.kind == entry.kind {
-            node = old
-            node.lookups += 1
-        } else {
-            node = Node(
-                inode: s.nextInode, parent: parent, name: entry.name, kind: entry.kind, key: entry.key, size: 0,
-                etag: "", lastModified: .zero)
-            node.lookups = 1
-            s.nextInode += 1
-            s.children[parent, default: [:]][entry.name] = node.inode
+        let parentKey = s.inodes[parent]?.key ?? configuration.rootPrefix
+        let linked = s.inodes.link(
+            parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1)
+        if let open = s.openFiles[linked.inode] {
+            // The spool describes the file (changes not stored yet): the server's view must not win.
+            var node = linked
+            node.size = open.size
+            return attributes(of: node)
         }
-        node.key = entry.key
+        let node = s.inodes.update(linked.inode) { node in
+            merge(entry, info: info, markerChecked: markerChecked, version: version, fresh: fresh, into: &node)
+        }
+        return attributes(of: node ?? linked)
+    }
+
+    /// The key of a listed entry below the parent's current key: a listing that started before
+    /// the parent was renamed names the old place (DirectoryCache rule 3).
+    static func key(of entry: DirectoryEntry, below parentKey: String) -> String {
+        var component = Substring(entry.key)
+        if entry.kind == .directory { component = component.dropLast() }
+        if let slash = component.lastIndex(of: "/") { component = component[component.index(after: slash)...] }
+        return parentKey + component + (entry.kind == .directory ? "/" : "")
+    }
+
+    /// The attribute merge rule: what a listing entry (and a HEAD's `info`, if any) says, merged
+    /// into what the node knows. Local changes since `version` win over both.
+    func merge(
+        _ entry: DirectoryEntry, info: ObjectInfo?, markerChecked: Bool, version: UInt64, fresh: Bool,
+        into node: inout Node
+    ) {
         switch entry.kind {
         case .file, .symlink:
             let unchanged = node.attributeVersion == version
@@ -392,22 +397,22 @@ public final class Filesystem: Sendable {
                 if !sameVersion { node.lastModified = entry.lastModified }
                 node.size = entry.size
                 node.etag = entry.etag
+                // A listing shows a DLO manifest with size 0: anything larger is a plain object.
+                if entry.size > 0 { node.manifest = nil }
                 if unchanged && !(sameVersion && node.metadataKnownAt > 0) { node.stored = parsed.attributes }
                 node.baseContentType = parsed.base
-                node.confirmedAt = Self.now()
+                node.confirmedAt = now()
             }
         case .directory:
             let unchanged = node.attributeVersion == version
             if let info {
                 if unchanged { node.stored = StoredAttributes.of(info) }
-                node.confirmedAt = Self.now()
+                node.confirmedAt = now()
             } else if markerChecked {
                 if unchanged { node.stored = StoredAttributes() }
-                node.confirmedAt = Self.now()
+                node.confirmedAt = now()
             }
         }
-        s.nodes[node.inode] = node
-        return attributes(of: node)
     }
 
     /// Whether `name` in `directory` is the reserved parts prefix (only at the container root).
@@ -416,7 +421,7 @@ public final class Filesystem: Sendable {
     }
 
     /// Finds `name` below `prefix` on the server: HEAD of the object, a peek below `name/`.
-    func resolve(name: String, prefix: String) throws(FSError) -> DirectoryEntry {
+    func resolve(name: String, prefix: String) throws(FSError) -> (DirectoryEntry, ObjectInfo?) {
         let key = prefix + name
         var file: ObjectInfo? = nil
         var children: [ListEntry] = []
@@ -438,30 +443,30 @@ public final class Filesystem: Sendable {
             }
             throw FSError(.notFound, "no '\(name)' in '\(prefix)'")
         case (nil, false):
-            return directory
+            return (directory, nil)
         case (let info?, let noChildren):
-            if ObjectKey.isDirectoryContentType(info.contentType) { return directory }
+            if ObjectKey.isDirectoryContentType(info.contentType) { return (directory, nil) }
             let entry = Self.entry(name: name, info: info)
             // The HEAD has the metadata headers a listing lacks: the lookup uses them.
             recordPrefetched(entry, answer: .some(info))
-            if noChildren { return entry }
+            if noChildren { return (entry, info) }
             let resolution = DirectoryBuilder.resolve(
                 key: key, manifest: info.manifest, container: store.containerName, childrenPreview: children)
-            return resolution == .fileWins ? entry : directory
+            return resolution == .fileWins ? (entry, info) : (directory, nil)
         }
     }
 
     /// `x~object`: the file `x` hidden by a directory `x`.
-    private func resolveShadowed(alias: String, prefix: String) throws(FSError) -> DirectoryEntry {
+    private func resolveShadowed(alias: String, prefix: String) throws(FSError) -> (DirectoryEntry, ObjectInfo?) {
         let name = String(alias.dropLast(DirectoryBuilder.shadowSuffix.count))
         guard DirectoryBuilder.isValidName(name) else { throw FSError(.notFound, "no '\(alias)' in '\(prefix)'") }
-        let resolved = try resolve(name: name, prefix: prefix)
+        let (resolved, _) = try resolve(name: name, prefix: prefix)
         guard resolved.kind == .directory else { throw FSError(.notFound, "no '\(alias)' in '\(prefix)'") }
         do {
             let info = try store.head(key: prefix + name)
             var entry = Self.entry(name: alias, info: info)
             entry.key = prefix + name
-            return entry
+            return (entry, info)
         } catch {
             throw FSError(storeError: error, operation: "lookup", path: prefix + alias)
         }
@@ -476,19 +481,9 @@ public final class Filesystem: Sendable {
 
     /// The kernel dropped `count` lookups of `inode`.
     public func forget(_ inode: InodeNumber, count: UInt64) {
-        guard inode != Self.rootInode else { return }
         state.withLock { s in
-            guard var node = s.nodes[inode] else { return }
-            precondition(node.lookups >= count, "INTERNAL ERROR: forget \(count) of inode \(inode) with \(node.lookups)")
-            node.lookups -= count
-            // A node with a spool (open or pending upload) stays: its data is not stored yet.
-            if node.lookups > 0 || s.openFiles[inode] != nil {
-                s.nodes[inode] = node
-                return
-            }
-            s.nodes[inode] = nil
-            s.listings[inode] = nil
-            if s.children[node.parent]?[node.name] == inode { s.children[node.parent]?[node.name] = nil }
+            s.inodes.forget(inode, count: count)
+            s.sweep()
         }
     }
 
@@ -499,11 +494,13 @@ public final class Filesystem: Sendable {
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
         // A listing younger than dir_timeout answers readdir too (`ls -l` twice in a row: one LIST).
         let remembered: [DirectoryEntry]? = state.withLock { s in
-            guard let listing = s.listings[inode], Self.now() - listing.completedAt <= configuration.directoryCacheSeconds
+            guard let listing = s.directories.listing(inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return nil }
             return listing.entries.values.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
         }
-        let reader = remembered.map { DirectoryReader(prefix: directory.key, remembered: $0) } ?? makeDirectoryReader(directory)
+        let reader =
+            remembered.map { DirectoryReader(prefix: directory.key, remembered: $0, startedAt: 0) }
+            ?? makeDirectoryReader(directory)
         return state.withLock { s in
             let handle = s.nextHandle
             s.nextHandle += 1
@@ -530,7 +527,7 @@ public final class Filesystem: Sendable {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, next)
             case .listed(let entry):
-                let known = state.withLock { s in s.children[inode]?[entry.name] } ?? Self.unknownInode
+                let known = state.withLock { s in s.inodes.child(inode, entry.name)?.inode } ?? Self.unknownInode
                 return emit(entry.name, entry.kind, known, next)
             case .local(let name, let child): return emit(name, .file, child, next)
             }
@@ -558,14 +555,13 @@ public final class Filesystem: Sendable {
                 case .dot: return nil
                 case .listed(let entry):
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
-                    let version = s.children[inode]?[entry.name].flatMap { s.nodes[$0]?.attributeVersion } ?? 0
+                    let version = s.inodes.child(inode, entry.name)?.attributeVersion ?? 0
                     let attributes = link(entry, parent: inode, info: info, markerChecked: false, version: version, in: &s)
                     return (entry.name, entry.kind, attributes)
                 case .local(let name, let child):
-                    guard var node = s.nodes[child], let open = s.openFiles[child] else { return nil }
-                    node.lookups += 1
+                    guard var node = s.inodes[child], let open = s.openFiles[child] else { return nil }
+                    s.inodes.countLookup(child)
                     node.size = open.size
-                    s.nodes[child] = node
                     return (name, .file, attributes(of: node))
                 }
             }
@@ -577,7 +573,7 @@ public final class Filesystem: Sendable {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, nil, next)
             case .listed(let entry):
-                let known = state.withLock { s in s.children[inode]?[entry.name] } ?? Self.unknownInode
+                let known = state.withLock { s in s.inodes.child(inode, entry.name)?.inode } ?? Self.unknownInode
                 return emit(entry.name, entry.kind, known, nil, next)
             case .local(let name, let child): return emit(name, .file, child, nil, next)
             }
@@ -588,7 +584,7 @@ public final class Filesystem: Sendable {
         guard let reader = state.withLock({ $0.directoryHandles[handle] }) else {
             throw FSError(.invalidArgument, "unknown directory handle \(handle)")
         }
-        let parent = state.withLock { $0.nodes[inode]?.parent } ?? Self.rootInode
+        let parent = state.withLock { $0.inodes[inode]?.parent } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }
         if offset <= 1 && !emit(.dot("..", parent), 2) { return }
         var index = Int(max(offset, 2) - 2)
@@ -610,10 +606,10 @@ public final class Filesystem: Sendable {
         _ reader: DirectoryReader, for inode: InodeNumber, from index: Int, emit: (Item, Int64) -> Bool
     ) {
         guard let entries = reader.completeEntries() else { return }
-        let table = reader.isRemembered ? nil : remember(entries, for: inode)
+        let table = reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt)
         let pending: [(String, InodeNumber)] = state.withLock { s in
-            let table = table ?? s.listings[inode]?.entries ?? [:]
-            return (s.children[inode] ?? [:]).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
+            let table = table ?? s.directories.anyListing(inode)?.entries ?? [:]
+            return s.inodes.children(of: inode).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
                 .sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
         }
         let start = index - entries.count
@@ -648,14 +644,27 @@ public final class Filesystem: Sendable {
 
     /// Records a change we made in the remembered listing of `parent` (nil entry = removed).
     func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout State) {
-        guard s.listings[parent] != nil else { return }
-        s.listings[parent]!.entries[name] = entry
+        s.directories.record(parent, name: name, entry: entry)
+    }
+
+    /// Records what we stored for `node` in its directory's listing, if a name still leads to it.
+    func updateListing(describing node: Node, in s: inout State) {
+        guard s.inodes.child(node.parent, node.name)?.inode == node.inode else { return }
+        s.directories.record(node.parent, name: node.name, entry: entry(for: node))
     }
 
     // MARK: Filesystem
 
+    /// Ends the mount's background work and gives up the spool directory (unmount). Uploads still
+    /// owed stay in the spool with their notes, for the next mount.
+    public func shutdown() {
+        stopPrefetching()
+        waitForCacheWrites()
+        spool.unlock()
+    }
+
     public func statistics() -> FilesystemStatistics {
-        if let cached = state.withLock({ $0.statistics }), Self.now() - cached.at < 10 { return cached.value }
+        if let cached = state.withLock({ $0.statistics }), now() - cached.at < 10 { return cached.value }
         let blockSize: UInt64 = 4096
         // An object store has no fixed size: report 1 PiB, minus what the container uses.
         let total: UInt64 = (1 << 50) / blockSize
@@ -668,7 +677,7 @@ public final class Filesystem: Sendable {
         let value = FilesystemStatistics(
             blockSize: blockSize, totalBlocks: total, freeBlocks: total - min(used, total),
             totalInodes: 1 << 32, freeInodes: (1 << 32) - min(objects, 1 << 32), maximumNameLength: 255)
-        state.withLock { $0.statistics = (value, Self.now()) }
+        state.withLock { $0.statistics = (value, now()) }
         return value
     }
 }

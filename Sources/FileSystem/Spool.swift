@@ -15,6 +15,8 @@ import Glibc
 ///    writer (no successful close), so they are removed at start.
 final class Spool: Sendable {
     let directory: String
+    /// The descriptor holding the directory's lock (-1 once released).
+    private let lockDescriptor: Atomic<Int32>
 
     /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until exit). When
     /// another live mount of the same URL holds it, a private `directory.PID` is used instead, so
@@ -22,11 +24,21 @@ final class Spool: Sendable {
     init(directory requested: String) throws(FSError) {
         var directory = requested
         guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
-        if !Spool.lock(directory) {
+        var fd = Spool.lock(directory)
+        if fd < 0 {
             directory = requested + "." + String(getpid())
-            guard Spool.makeDirectories(directory), Spool.lock(directory) else { throw Spool.unusable(directory) }
+            guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
+            fd = Spool.lock(directory)
+            guard fd >= 0 else { throw Spool.unusable(directory) }
         }
         self.directory = directory
+        lockDescriptor = Atomic(fd)
+    }
+
+    /// Gives the directory up (at unmount), so that a later `Filesystem` in this process can take it.
+    func unlock() {
+        let fd = lockDescriptor.exchange(-1, ordering: .relaxed)
+        if fd >= 0 { close(fd) }
     }
 
     private static func unusable(_ directory: String) -> FSError {
@@ -36,13 +48,13 @@ final class Spool: Sendable {
                 + "choose another with -o cache_dir=")
     }
 
-    /// Locks `directory/.lock` for the life of the process (the descriptor is never closed).
-    private static func lock(_ directory: String) -> Bool {
+    /// Locks `directory/.lock` until `unlock` (or the end of the process); returns the descriptor, or -1.
+    private static func lock(_ directory: String) -> Int32 {
         let fd = open(directory + "/.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return false }
-        if flock(fd, LOCK_EX | LOCK_NB) == 0 { return true }
+        guard fd >= 0 else { return -1 }
+        if flock(fd, LOCK_EX | LOCK_NB) == 0 { return fd }
         close(fd)
-        return false
+        return -1
     }
 
     private static func makeDirectories(_ path: String) -> Bool {
@@ -154,6 +166,11 @@ final class Spool: Sendable {
         if written == bytes.count && synced { rename(note + ".new", note) } else { unlink(note + ".new") }
     }
 
+    /// Removes the note only: the spool's bytes are owed to nobody any more (unlinked, replaced).
+    static func removeNote(dataPath: String) {
+        unlink(String(dataPath.dropLast(".data".count)) + ".pending")
+    }
+
     static func remove(dataPath: String) {
         unlink(dataPath)
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
@@ -188,9 +205,9 @@ final class OpenFile: Sendable {
         var pending = false
     }
 
-    /// Protects `State`.
+    /// Protects `State` (lock 4 of the LOCKING block in Filesystem.swift).
     let state: Mutex<State>
-    /// Serialises uploads of this file (held during network I/O on purpose).
+    /// Serialises uploads of this file (lock 1 of the LOCKING block in Filesystem.swift).
     let uploadLock = SerialLock()
 
     init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool) {

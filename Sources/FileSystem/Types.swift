@@ -100,6 +100,9 @@ public struct FilesystemConfiguration: Sendable {
     public var uploadConcurrency: Int = 4
     /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).
     public var pendingRetrySeconds: Double = 2
+    /// The clock cache ages are measured on, in seconds (nil: the monotonic clock). Tests set it
+    /// to step over `dir_timeout` and `attr_timeout` without waiting.
+    public var clock: (@Sendable () -> Double)? = nil
 
     public init() {}
 }

@@ -1,0 +1,75 @@
+/// Remembered directory listings and the lookup heuristics around them. A value type with no I/O
+/// and no lock, held in `Filesystem.State`.
+///
+/// The rules it owns:
+/// 1. A complete listing is remembered for `dir_timeout` and answers lookups and readdir.
+/// 2. Our own changes are applied to a remembered listing in place (`record`), and every change
+///    in a directory bumps its change count. A listing that started before a change is never
+///    remembered (`remember` refuses it): an older listing must not undo what we just did.
+/// 3. A directory that is renamed, removed or forgotten loses its listing (`drop`), since the
+///    keys in it name the old place.
+struct DirectoryCache {
+    struct Listing {
+        var entries: [String: DirectoryEntry]
+        var completedAt: Double
+    }
+
+    private var listings: [InodeNumber: Listing] = [:]
+    /// Changes made here per directory (see rule 2); absent = 0.
+    private var changes: [InodeNumber: UInt64] = [:]
+    /// When a lookup last had to ask the server about one name in a directory.
+    var lastResolved: [InodeNumber: Double] = [:]
+    /// Directories being listed for lookups right now (one listing at a time each).
+    var listingForLookup: Set<InodeNumber> = []
+
+    /// The remembered listing of `directory` if it is younger than `maximumAge`.
+    func listing(_ directory: InodeNumber, now: Double, maximumAge: Double) -> Listing? {
+        guard let listing = listings[directory], now - listing.completedAt <= maximumAge else { return nil }
+        return listing
+    }
+
+    /// Any remembered listing of `directory`, however old.
+    func anyListing(_ directory: InodeNumber) -> Listing? { listings[directory] }
+
+    /// The change count to pass to `remember` for a listing that starts now.
+    func changeCount(_ directory: InodeNumber) -> UInt64 { changes[directory] ?? 0 }
+
+    /// Remembers a complete listing that started at change count `startedAt`; refused (false)
+    /// when the directory changed here since.
+    @discardableResult
+    mutating func remember(
+        _ entries: [String: DirectoryEntry], for directory: InodeNumber, now: Double, startedAt: UInt64
+    ) -> Bool {
+        guard changeCount(directory) == startedAt else { return false }
+        listings[directory] = Listing(entries: entries, completedAt: now)
+        return true
+    }
+
+    /// A new, empty directory made here: its listing is known.
+    mutating func rememberEmpty(_ directory: InodeNumber, now: Double) {
+        changes[directory, default: 0] += 1
+        listings[directory] = Listing(entries: [:], completedAt: now)
+    }
+
+    /// A change we made to `name` in `directory` (nil entry: removed).
+    mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?) {
+        changes[directory, default: 0] += 1
+        listings[directory]?.entries[name] = entry
+    }
+
+    /// Forgets the listing of `directory` (renamed, removed, forgotten).
+    mutating func drop(_ directory: InodeNumber) {
+        changes[directory, default: 0] += 1
+        listings[directory] = nil
+        lastResolved[directory] = nil
+    }
+}
+
+extension DirectoryCache {
+    /// The directory's node is gone for good (inode numbers are never reused): drop everything.
+    mutating func remove(_ directory: InodeNumber) {
+        listings[directory] = nil
+        changes[directory] = nil
+        lastResolved[directory] = nil
+    }
+}

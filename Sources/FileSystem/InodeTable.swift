@@ -1,0 +1,240 @@
+/// One name the filesystem knows: its identity (inode, parent, name, key, kind) and what the
+/// server, a listing or a local change said about it.
+struct Node {
+    var inode: InodeNumber
+    var parent: InodeNumber
+    var name: String
+    var kind: NodeKind
+    /// The object key of a file or symlink; the key prefix ("…/" or "") of a directory.
+    var key: String
+    var size: Int64
+    var etag: String
+    /// The server's time of the last change.
+    var lastModified: Timestamp
+    var stored = StoredAttributes()
+    /// The content type without csspfs's parameters.
+    var baseContentType = ""
+    /// `container/prefix` of a DLO manifest.
+    var manifest: String? = nil
+    /// When size/etag were last confirmed by the server (the filesystem's clock); 0 = never.
+    var confirmedAt: Double = 0
+    /// Lookups the kernel holds (see `InodeTable`).
+    fileprivate(set) var lookups: UInt64 = 0
+    /// Spools holding the node (open for writing, or an upload still owed): 0 or 1.
+    fileprivate(set) var pins = 0
+    /// Whether a name in the tree leads to the node (false once unlinked or replaced).
+    fileprivate(set) var linked = true
+    /// Bumped when this mount stores new bytes or gives the file a spool: a read handle opened
+    /// before reads what was written here since (another client's change is ESTALE instead).
+    var localVersion: UInt64 = 0
+    /// The ETag of the content the kernel's page cache may hold for this inode.
+    var cachedEtag: String? = nil
+    var symlinkTarget: String? = nil
+    /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
+    var extraMetadata: [String: String] = [:]
+    /// When the object's full metadata was last known (a HEAD, or our own upload); 0 = never
+    /// (a listing shows no metadata).
+    var metadataKnownAt: Double = 0
+    /// Bumped by every local attribute change. A HEAD that started before a change must not
+    /// overwrite it with what the server had then (`apply` checks).
+    var attributeVersion: UInt64 = 0
+
+    init(
+        inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind, key: String, size: Int64 = 0,
+        etag: String = "", lastModified: Timestamp = .zero
+    ) {
+        self.inode = inode
+        self.parent = parent
+        self.name = name
+        self.kind = kind
+        self.key = key
+        self.size = size
+        self.etag = etag
+        self.lastModified = lastModified
+    }
+}
+
+/// Every node the filesystem knows, the names that lead to them, and the kernel's lookup counts.
+/// A value type with no I/O and no lock: `Filesystem.State` holds it under its mutex, and nothing
+/// outside this file writes the node or name tables.
+///
+/// The rules it owns (each in one place):
+/// 1. A node lives while the kernel holds a lookup on it, a spool pins it (its bytes are not
+///    stored yet), or a living node is linked below it (a pinned file keeps its directory). The
+///    root lives forever. Inode numbers are never reused, so the generation is always 0.
+/// 2. A name leads to at most one node. A name whose kind changes (file -> directory) gets a new
+///    node; the old one is unhooked and lives until the kernel forgets it.
+/// 3. Identity (inode, parent, name, key, kind) changes only through `insert`, `link`, `unhook`
+///    and `move`; `update` changes attributes and keeps identity whatever the closure does.
+/// 4. `move` of a directory re-keys every node whose key lies below the old prefix, linked or
+///    not (a pinned file whose upload is owed must go to the new key), and reports them.
+struct InodeTable {
+    static let root: InodeNumber = 1
+
+    private(set) var nodes: [InodeNumber: Node] = [:]
+    private var children: [InodeNumber: [String: InodeNumber]] = [:]
+    private var nextInode: InodeNumber = 2
+    /// Directories dropped since the last `takeRemovedDirectories` (their listings must go too).
+    private var removedDirectories: [InodeNumber] = []
+
+    init(rootKey: String, rootTime: Timestamp) {
+        var root = Node(inode: Self.root, parent: Self.root, name: "", kind: .directory, key: rootKey, lastModified: rootTime)
+        root.lookups = 1
+        nodes[Self.root] = root
+    }
+
+    subscript(inode: InodeNumber) -> Node? { nodes[inode] }
+
+    /// The node `name` in `parent` leads to.
+    func child(_ parent: InodeNumber, _ name: String) -> Node? {
+        children[parent]?[name].flatMap { nodes[$0] }
+    }
+
+    /// Every name in `parent` with its node.
+    func children(of parent: InodeNumber) -> [String: InodeNumber] { children[parent] ?? [:] }
+
+    /// Changes attributes of `inode` (identity and counts stay whatever `body` does); returns the result.
+    @discardableResult
+    mutating func update(_ inode: InodeNumber, _ body: (inout Node) -> Void) -> Node? {
+        guard let old = nodes[inode] else { return nil }
+        var node = old
+        body(&node)
+        node.inode = old.inode
+        node.parent = old.parent
+        node.name = old.name
+        node.kind = old.kind
+        node.key = old.key
+        node.lookups = old.lookups
+        node.pins = old.pins
+        node.linked = old.linked
+        nodes[inode] = node
+        return node
+    }
+
+    /// A name just made here (create, mkdir, symlink): a new node with one kernel lookup, replacing
+    /// whatever the name led to.
+    mutating func insert(_ template: Node) -> Node {
+        var node = template
+        node.inode = nextInode
+        nextInode += 1
+        node.lookups = 1
+        node.pins = 0
+        node.linked = true
+        unhook(parent: node.parent, name: node.name)
+        nodes[node.inode] = node
+        children[node.parent, default: [:]][node.name] = node.inode
+        return node
+    }
+
+    /// The node for `name` in `parent` as a listing or HEAD describes it: the node the name leads
+    /// to if it has the same kind (its key updated), else a new one. Counts `lookups` kernel lookups.
+    mutating func link(parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64) -> Node {
+        if let inode = children[parent]?[name], var node = nodes[inode], node.kind == kind {
+            node.lookups += lookups
+            node.key = key
+            nodes[inode] = node
+            return node
+        }
+        var node = Node(inode: nextInode, parent: parent, name: name, kind: kind, key: key)
+        nextInode += 1
+        node.lookups = lookups
+        unhook(parent: parent, name: name)
+        nodes[node.inode] = node
+        children[parent, default: [:]][name] = node.inode
+        collectIfUnused(node.inode)
+        return node
+    }
+
+    /// The kernel dropped `count` lookups.
+    mutating func forget(_ inode: InodeNumber, count: UInt64) {
+        guard inode != Self.root, var node = nodes[inode] else { return }
+        precondition(node.lookups >= count, "INTERNAL ERROR: forget \(count) of inode \(inode) with \(node.lookups)")
+        node.lookups -= count
+        nodes[inode] = node
+        collectIfUnused(inode)
+    }
+
+    /// Counts one more kernel lookup of a node already known (readdirplus of a local file).
+    mutating func countLookup(_ inode: InodeNumber) {
+        nodes[inode]?.lookups += 1
+    }
+
+    /// A spool holds the node: it lives until `unpin`, whatever the kernel forgets.
+    mutating func pin(_ inode: InodeNumber) {
+        nodes[inode]?.pins += 1
+    }
+
+    mutating func unpin(_ inode: InodeNumber) {
+        guard var node = nodes[inode] else { return }
+        precondition(node.pins > 0, "INTERNAL ERROR: unpin of inode \(inode) that no spool holds")
+        node.pins -= 1
+        nodes[inode] = node
+        collectIfUnused(inode)
+    }
+
+    /// The name is gone (unlink, rmdir, replaced by a rename): the node it led to lives on while the
+    /// kernel or a spool holds it, reachable by inode only. Returns that node.
+    @discardableResult
+    mutating func unhook(parent: InodeNumber, name: String) -> Node? {
+        guard let inode = children[parent]?[name] else { return nil }
+        children[parent]![name] = nil
+        if children[parent]!.isEmpty { children[parent] = nil }
+        nodes[inode]?.linked = false
+        let node = nodes[inode]
+        collectIfUnused(inode)
+        collectIfUnused(parent)
+        return node
+    }
+
+    /// Renames `inode` to `name` in `newParent` with `key`, replacing what that name led to. A
+    /// directory's descendants (every node keyed below its old prefix) get keys below the new
+    /// one. Returns the inodes whose keys changed.
+    @discardableResult
+    mutating func move(_ inode: InodeNumber, to newParent: InodeNumber, name: String, key: String) -> [InodeNumber] {
+        guard var node = nodes[inode] else { return [] }
+        if children[node.parent]?[node.name] == inode {
+            children[node.parent]![node.name] = nil
+            if children[node.parent]!.isEmpty { children[node.parent] = nil }
+        }
+        if children[newParent]?[name] != inode { unhook(parent: newParent, name: name) }
+        let oldParent = node.parent
+        let oldKey = node.key
+        node.parent = newParent
+        node.name = name
+        node.key = key
+        node.linked = true
+        nodes[inode] = node
+        children[newParent, default: [:]][name] = inode
+        var moved = [inode]
+        if node.kind == .directory && oldKey != key {
+            for (other, var descendant) in nodes where other != inode && descendant.key.utf8.starts(with: oldKey.utf8) {
+                descendant.key = key + String(descendant.key.utf8.dropFirst(oldKey.utf8.count))!
+                nodes[other] = descendant
+                moved.append(other)
+            }
+        }
+        collectIfUnused(oldParent)
+        return moved
+    }
+
+    /// Directories dropped since the last call.
+    mutating func takeRemovedDirectories() -> [InodeNumber] {
+        defer { removedDirectories = [] }
+        return removedDirectories
+    }
+
+    /// Rule 1, the only place a node is dropped.
+    private mutating func collectIfUnused(_ inode: InodeNumber) {
+        guard inode != Self.root, let node = nodes[inode], node.lookups == 0, node.pins == 0,
+            children[inode]?.isEmpty ?? true
+        else { return }
+        nodes[inode] = nil
+        children[inode] = nil
+        if node.kind == .directory { removedDirectories.append(inode) }
+        if children[node.parent]?[node.name] == inode {
+            children[node.parent]![node.name] = nil
+            if children[node.parent]!.isEmpty { children[node.parent] = nil }
+            collectIfUnused(node.parent)
+        }
+    }
+}

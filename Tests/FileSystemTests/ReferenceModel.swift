@@ -1,0 +1,749 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Synchronization
+
+@testable import FileSystem
+
+/// A clock the test moves: cache ages (`dir_timeout`, `attr_timeout`) pass without waiting.
+final class ManualClock: Sendable {
+    private let seconds = Mutex<Double>(1_000)
+    var now: Double { seconds.withLock { $0 } }
+    func advance(_ by: Double) { seconds.withLock { $0 += by } }
+}
+
+/// A small, seedable generator (SplitMix64): the same seed gives the same operation sequence.
+struct SeededGenerator: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476C_E5E4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// One object of the reference: what POSIX says a name holds. A class, because its identity is
+/// the inode: a handle keeps writing to it after a rename or an unlink.
+final class ModelObject {
+    let kind: NodeKind
+    var bytes: [UInt8] = []
+    var mode: UInt16
+    var uid: UInt32
+    var gid: UInt32
+    /// nil: set by the filesystem to "now" (a write), so not compared.
+    var mtime: Timestamp?
+    var target = ""
+
+    init(kind: NodeKind, mode: UInt16, uid: UInt32, gid: UInt32) {
+        self.kind = kind
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+    }
+}
+
+/// The reference tree: path (no leading slash; "" is the root, never stored) to object.
+struct ReferenceTree {
+    var objects: [String: ModelObject] = [:]
+
+    static func parent(_ path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "" }
+        return String(path[..<slash])
+    }
+
+    static func name(_ path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return path }
+        return String(path[path.index(after: slash)...])
+    }
+
+    static func join(_ directory: String, _ name: String) -> String { directory.isEmpty ? name : directory + "/" + name }
+
+    func isDirectory(_ path: String) -> Bool { path.isEmpty || objects[path]?.kind == .directory }
+
+    func children(of directory: String) -> [String] {
+        objects.keys.filter { Self.parent($0) == directory && !$0.isEmpty }.map(Self.name).sorted()
+    }
+
+    var directories: [String] { [""] + objects.filter { $0.value.kind == .directory }.map(\.key).sorted() }
+
+    /// Moves `from` and everything below it to `to` (which is free, or was removed by the caller).
+    mutating func move(_ from: String, to: String) {
+        for path in objects.keys.sorted() where path == from || path.hasPrefix(from + "/") {
+            objects[to + path.dropFirst(from.count)] = objects.removeValue(forKey: path)
+        }
+    }
+}
+
+/// What the kernel does around the filesystem: resolves paths with lookups, keeps a dentry cache
+/// and lookup counts, and forgets. Operations go through it as a program's system calls would.
+final class KernelSimulator {
+    var fs: Filesystem
+    /// path -> inode of names the kernel has looked up (and not expired).
+    var dentries: [String: InodeNumber] = ["": Filesystem.rootInode]
+    /// Lookups the kernel holds per inode (to be forgotten).
+    var lookups: [InodeNumber: UInt64] = [:]
+
+    init(_ fs: Filesystem) { self.fs = fs }
+
+    func counted(_ path: String, _ inode: InodeNumber) {
+        dentries[path] = inode
+        lookups[inode, default: 0] += 1
+    }
+
+    func resolve(_ path: String) throws(FSError) -> InodeNumber {
+        if let known = dentries[path] { return known }
+        let parent = try resolve(ReferenceTree.parent(path))
+        let attributes = try fs.lookup(parent: parent, name: ReferenceTree.name(path))
+        counted(path, attributes.inode)
+        return attributes.inode
+    }
+
+    func parentOf(_ path: String) throws(FSError) -> InodeNumber {
+        let inode = try resolve(ReferenceTree.parent(path))
+        guard try fs.getattr(inode).kind == .directory else { throw FSError(.notADirectory, "parent is not a directory") }
+        return inode
+    }
+
+    /// The kernel's lookup before mkdir/symlink/create: nil when the name is free.
+    func existing(_ path: String) throws(FSError) -> InodeNumber? {
+        do {
+            return try resolve(path)
+        } catch where error.code == .notFound {
+            return nil
+        }
+    }
+
+    func moved(_ from: String, to: String) {
+        for path in dentries.keys where path == to || path.hasPrefix(to + "/") { dentries[path] = nil }
+        for path in dentries.keys.sorted() where path == from || path.hasPrefix(from + "/") {
+            dentries[to + path.dropFirst(from.count)] = dentries.removeValue(forKey: path)
+        }
+    }
+
+    func dropped(_ path: String) {
+        for p in dentries.keys where p == path || p.hasPrefix(path + "/") { dentries[p] = nil }
+    }
+
+    /// The dentry cache times out: every name is looked up again.
+    func expire() { dentries = ["": Filesystem.rootInode] }
+
+    /// Memory pressure: inodes without open files are forgotten.
+    func evict(keeping: Set<InodeNumber>) {
+        expire()
+        for (inode, count) in lookups where !keeping.contains(inode) {
+            fs.forget(inode, count: count)
+            lookups[inode] = nil
+        }
+    }
+}
+
+/// A divergence between the filesystem and the reference.
+struct ModelMismatch: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// Applies random operation sequences to a `Filesystem` over a store and to `ReferenceTree`,
+/// comparing after every step. Everything random comes from one seed.
+final class ReferenceModelRun {
+    struct Handle {
+        var number: UInt64
+        var inode: InodeNumber
+        var writable: Bool
+        var object: ModelObject
+    }
+
+    let seed: UInt64
+    var random: SeededGenerator
+    let clock = ManualClock()
+    let store = FakeObjectStore()
+    let spoolDirectory = NSTemporaryDirectory() + "cssp-model-spool-" + UUID().uuidString
+    let caller = Caller(uid: 1000, gid: 100)
+    var configuration = FilesystemConfiguration()
+    var kernel: KernelSimulator
+    var tree = ReferenceTree()
+    var handles: [Handle] = []
+    var trace: [String] = []
+    var operations = 0
+    /// Names are drawn from a small pool, so that operations collide (rename over, create again).
+    let names = ["a", "b", "c", "d", "e f", "g"]
+
+    init(seed: UInt64) throws {
+        self.seed = seed
+        random = SeededGenerator(seed: seed)
+        configuration.spoolDirectory = spoolDirectory
+        configuration.uid = 0
+        configuration.gid = 0
+        let clock = self.clock
+        configuration.clock = { clock.now }
+        configuration.readFetchSize = 64
+        configuration.randomFetchSize = 64
+        configuration.pendingRetrySeconds = 3600
+        // Half the runs store most files as multipart uploads (DLO manifests over parts).
+        if Bool.random(using: &random) {
+            configuration.multipartThreshold = 48
+            configuration.partSize = 16
+        }
+        configuration.metadataPrefetchLimit = Bool.random(using: &random) ? 0 : 100
+        kernel = KernelSimulator(try Filesystem(store: store, configuration: configuration, logger: Logger(label: "model")))
+    }
+
+    deinit {
+        kernel.fs.shutdown()
+        try? FileManager.default.removeItem(atPath: spoolDirectory)
+    }
+
+    // MARK: Random choices
+
+    func chance(_ p: Double) -> Bool { Double.random(in: 0..<1, using: &random) < p }
+    func pick<T>(_ items: [T]) -> T? { items.isEmpty ? nil : items[Int.random(in: 0..<items.count, using: &random)] }
+    func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in UInt8.random(in: 0...255, using: &random) } }
+
+    /// A path in an existing directory, existing or not.
+    func anyPath() -> String {
+        let directory = pick(tree.directories.filter { $0.split(separator: "/").count < 3 }) ?? ""
+        return ReferenceTree.join(directory, pick(names)!)
+    }
+
+    func existingPath(_ kinds: Set<NodeKind> = [.file, .directory, .symlink]) -> String? {
+        pick(tree.objects.filter { kinds.contains($0.value.kind) }.map(\.key).sorted())
+    }
+
+    /// Mostly an existing path of these kinds, sometimes any path (to see the errors).
+    func targetPath(_ kinds: Set<NodeKind>) -> String {
+        if chance(0.85), let path = existingPath(kinds) { return path }
+        return anyPath()
+    }
+
+    // MARK: Running
+
+    func step(_ description: String, _ body: () throws -> Void) throws {
+        trace.append(description)
+        operations += 1
+        try body()
+    }
+
+    func fail(_ message: String) -> ModelMismatch {
+        let shown = ProcessInfo.processInfo.environment["CSSP_MODEL_FULL_TRACE"] != nil ? trace[...] : trace.suffix(80)
+        return ModelMismatch(
+            description: "reference model diverged (seed \(seed), step \(trace.count)): \(message)\n"
+                + "replay: CSSP_MODEL_SEED=\(seed) swift test --filter ReferenceModelTests\n"
+                + "last \(shown.count) operations:\n  " + shown.joined(separator: "\n  "))
+    }
+
+    /// Runs `body` and checks that it fails with `expected` (or succeeds when nil).
+    func expect<T>(_ expected: FSError.Code?, _ what: String, _ body: () throws(FSError) -> T) throws -> T? {
+        do {
+            let value = try body()
+            if let expected { throw fail("\(what): succeeded, expected \(expected)") }
+            return value
+        } catch let error as FSError {
+            if error.code != expected { throw fail("\(what): \(error.code) (\(error.message)), expected \(expected.map { "\($0)" } ?? "success")") }
+            return nil
+        }
+    }
+
+    /// The error the reference predicts for resolving the parent of `path`.
+    func parentError(_ path: String) -> FSError.Code? {
+        var current = ReferenceTree.parent(path)
+        var chain: [String] = []
+        while !current.isEmpty {
+            chain.append(current)
+            current = ReferenceTree.parent(current)
+        }
+        for directory in chain.reversed() {
+            guard let object = tree.objects[directory] else { return .notFound }
+            if object.kind != .directory { return .notADirectory }
+        }
+        return nil
+    }
+
+    func run(operations count: Int) throws {
+        while operations < count {
+            try randomOperation()
+            trace.append("    open handles: \(handles.map(\.number))")
+            clock.advance(Double.random(in: 0...0.4, using: &random))
+        }
+        try checkEverything()
+        try remount()
+        try checkEverything()
+    }
+
+    func randomOperation() throws {
+        let roll = Int.random(in: 0..<100, using: &random)
+        switch roll {
+        case 0..<10: try openForWriting()
+        case 10..<20: try writeThroughHandle()
+        case 20..<25: try readThroughHandle()
+        case 25..<33: try closeHandle()
+        case 33..<35: try fsyncHandle()
+        case 35..<39: try truncatePath()
+        case 39..<43: try chmodPath()
+        case 43..<46: try utimensPath()
+        case 46..<56: try renamePath()
+        case 56..<61: try unlinkPath()
+        case 61..<64: try rmdirPath()
+        case 64..<70: try mkdirPath()
+        case 70..<72: try symlinkPath()
+        case 72..<78: try listDirectory()
+        case 78..<84: try statPath()
+        case 84..<87: try expireCaches()
+        case 87..<89: try evictInodes()
+        case 89..<91: try remount()
+        case 91..<95: try outOfBandPut()
+        case 95..<97: try outOfBandDelete()
+        default: try checkEverything()
+        }
+    }
+
+    // MARK: Operations
+
+    func openForWriting() throws {
+        let path = targetPath([.file])
+        let truncate = chance(0.4)
+        let keepOpen = chance(0.5)
+        try step("open \(path) for writing\(truncate ? ", O_TRUNC" : "")\(keepOpen ? "" : ", write, close")") {
+            var expected = parentError(path)
+            if expected == nil, let object = tree.objects[path], object.kind != .file {
+                expected = object.kind == .directory ? .isADirectory : .invalidArgument
+            }
+            let opened: (UInt64, InodeNumber)? = try expect(expected, "open \(path)") { () throws(FSError) in
+                let parent = try kernel.parentOf(path)
+                if let inode = try kernel.existing(path) {
+                    if try kernel.fs.getattr(inode).kind == .directory { throw FSError(.isADirectory, "open of a directory") }
+                    return (try kernel.fs.open(inode, writable: true, truncate: truncate).handle, inode)
+                }
+                let mode: UInt16 = [0o644, 0o600, 0o640][Int.random(in: 0..<3, using: &random)]
+                let (attributes, opened) = try kernel.fs.create(parent: parent, name: ReferenceTree.name(path), mode: mode, caller: caller)
+                kernel.counted(path, attributes.inode)
+                let object = ModelObject(kind: .file, mode: mode, uid: caller.uid, gid: caller.gid)
+                tree.objects[path] = object
+                return (opened.handle, attributes.inode)
+            }
+            guard let (number, inode) = opened, let object = tree.objects[path] else { return }
+            if truncate {
+                object.bytes = []
+                object.mtime = nil
+            }
+            handles.append(Handle(number: number, inode: inode, writable: true, object: object))
+            if !keepOpen {
+                try write(handleIndex: handles.count - 1)
+                try close(handleIndex: handles.count - 1)
+            }
+        }
+        try check(path)
+    }
+
+    func write(handleIndex: Int) throws {
+        let handle = handles[handleIndex]
+        let size = handle.object.bytes.count
+        let offset = chance(0.3) ? size : Int.random(in: 0...(size + 8), using: &random)
+        let data = bytes(Int.random(in: 1...(chance(0.2) ? 120 : 24), using: &random))
+        trace.append("  write \(data.count) bytes at \(offset) through handle \(handle.number)")
+        _ = try expect(nil, "write through handle \(handle.number)") { () throws(FSError) in
+            let raw = UnsafeMutableRawBufferPointer.allocate(byteCount: data.count, alignment: 1)
+            defer { raw.deallocate() }
+            data.withUnsafeBytes { raw.copyMemory(from: $0) }
+            try kernel.fs.write(handle: handle.number, offset: Int64(offset), bytes: UnsafeRawBufferPointer(raw))
+        }
+        if handle.object.bytes.count < offset + data.count {
+            handle.object.bytes += [UInt8](repeating: 0, count: offset + data.count - handle.object.bytes.count)
+        }
+        handle.object.bytes.replaceSubrange(offset..<(offset + data.count), with: data)
+        handle.object.mtime = nil
+    }
+
+    func close(handleIndex: Int) throws {
+        let handle = handles.remove(at: handleIndex)
+        trace.append("  close handle \(handle.number)")
+        if handle.writable { _ = try expect(nil, "close (flush) of handle \(handle.number)") { () throws(FSError) in try kernel.fs.flush(handle: handle.number) } }
+        kernel.fs.release(handle: handle.number)
+    }
+
+    func writeThroughHandle() throws {
+        guard let index = pick(Array(handles.indices.filter { handles[$0].writable })) else { return try openForWriting() }
+        try step("write through handle \(handles[index].number)") { try write(handleIndex: index) }
+        try checkHandles()
+    }
+
+    func readThroughHandle() throws {
+        if handles.isEmpty || chance(0.3) {
+            // Another program opens a file for reading and keeps it open.
+            guard let path = existingPath([.file]) else { return }
+            try step("open \(path) read-only") {
+                let object = tree.objects[path]!
+                let opened = try expect(nil, "open \(path) read-only") { () throws(FSError) in
+                    let inode = try kernel.resolve(path)
+                    return (try kernel.fs.open(inode, writable: false, truncate: false).handle, inode)
+                }
+                if let (number, inode) = opened { handles.append(Handle(number: number, inode: inode, writable: false, object: object)) }
+            }
+        }
+        try step("read through every handle") { try checkHandles() }
+    }
+
+    func closeHandle() throws {
+        guard let index = pick(Array(handles.indices)) else { return try openForWriting() }
+        try step("close handle \(handles[index].number)") { try close(handleIndex: index) }
+        try checkPathsOfOpenObjects()
+    }
+
+    func fsyncHandle() throws {
+        guard let handle = pick(handles.filter(\.writable)) else { return }
+        try step("fsync handle \(handle.number)") {
+            _ = try expect(nil, "fsync") { () throws(FSError) in try kernel.fs.flush(handle: handle.number) }
+        }
+        try checkPathsOfOpenObjects()
+    }
+
+    func truncatePath() throws {
+        let path = targetPath([.file])
+        let size = Int.random(in: 0...60, using: &random)
+        try step("truncate \(path) to \(size)") {
+            var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
+            if expected == nil, tree.objects[path]!.kind == .directory { expected = .isADirectory }
+            if expected == nil, tree.objects[path]!.kind == .symlink { return }  // truncate follows symlinks
+            let done: Void? = try expect(expected, "truncate \(path)") { () throws(FSError) in
+                _ = try kernel.fs.setattr(try kernel.resolve(path), AttributeChanges(size: Int64(size)))
+            }
+            guard done != nil, let object = tree.objects[path] else { return }
+            object.bytes = Array(object.bytes.prefix(size)) + [UInt8](repeating: 0, count: max(0, size - object.bytes.count))
+            object.mtime = nil
+        }
+        try check(path)
+    }
+
+    func chmodPath() throws {
+        let path = targetPath([.file, .directory])
+        let mode: UInt16 = [0o600, 0o644, 0o755, 0o700, 0o640][Int.random(in: 0..<5, using: &random)]
+        let chown = chance(0.3)
+        try step("ch\(chown ? "own 7:8 and chmod" : "mod") \(String(mode, radix: 8)) \(path)") {
+            let expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
+            if expected == nil, tree.objects[path]!.kind == .symlink { return }
+            let done: Void? = try expect(expected, "chmod \(path)") { () throws(FSError) in
+                _ = try kernel.fs.setattr(
+                    try kernel.resolve(path), AttributeChanges(mode: mode, uid: chown ? 7 : nil, gid: chown ? 8 : nil))
+            }
+            guard done != nil, let object = tree.objects[path] else { return }
+            object.mode = mode
+            if chown { (object.uid, object.gid) = (7, 8) }
+        }
+        try check(path)
+    }
+
+    func utimensPath() throws {
+        let path = targetPath([.file, .directory])
+        let time = Timestamp(seconds: Int64.random(in: 1_000_000_000...1_800_000_000, using: &random), nanoseconds: Int32.random(in: 0..<1_000_000_000, using: &random))
+        try step("utimens \(path) \(time)") {
+            let expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
+            if expected == nil, tree.objects[path]!.kind == .symlink { return }
+            let done: Void? = try expect(expected, "utimens \(path)") { () throws(FSError) in
+                _ = try kernel.fs.setattr(try kernel.resolve(path), AttributeChanges(modified: time))
+            }
+            if done != nil { tree.objects[path]?.mtime = time }
+        }
+        try check(path)
+    }
+
+    func renamePath() throws {
+        let from = targetPath([.file, .directory, .symlink])
+        var to = anyPath()
+        if chance(0.4), let existing = existingPath([tree.objects[from]?.kind ?? .file]) { to = existing }
+        try step("rename \(from) -> \(to)") {
+            var expected = parentError(from) ?? (tree.objects[from] == nil ? .notFound : nil) ?? parentError(to)
+            let source = tree.objects[from]
+            let target = tree.objects[to]
+            if expected == nil, let source, from != to {
+                // The kernel refuses moving a directory below itself, and onto an ancestor (not empty).
+                if to.hasPrefix(from + "/") { return }
+                if from.hasPrefix(to + "/") { expected = .notEmpty }
+                if expected == nil, let target {
+                    switch (source.kind == .directory, target.kind == .directory) {
+                    case (true, false): expected = .notADirectory
+                    case (false, true): expected = .isADirectory
+                    case (true, true): if !tree.children(of: to).isEmpty { expected = .notEmpty }
+                    case (false, false): break
+                    }
+                }
+            }
+            if expected == .notEmpty && from.hasPrefix(to + "/") { return }  // the kernel's own check
+            let done: Void? = try expect(expected, "rename \(from) -> \(to)") { () throws(FSError) in
+                let sourceParent = try kernel.parentOf(from)
+                let targetParent = try kernel.parentOf(to)
+                try kernel.fs.rename(
+                    parent: sourceParent, name: ReferenceTree.name(from), newParent: targetParent,
+                    newName: ReferenceTree.name(to), noReplace: false)
+            }
+            guard done != nil, from != to else { return }
+            tree.objects[to] = nil
+            tree.move(from, to: to)
+            kernel.moved(from, to: to)
+        }
+        try check(from)
+        try check(to)
+        try checkPathsOfOpenObjects()
+    }
+
+    func unlinkPath() throws {
+        let path = targetPath([.file, .symlink])
+        try step("unlink \(path)") {
+            var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
+            if expected == nil, tree.objects[path]!.kind == .directory { expected = .isADirectory }
+            let done: Void? = try expect(expected, "unlink \(path)") { () throws(FSError) in
+                try kernel.fs.unlink(parent: try kernel.parentOf(path), name: ReferenceTree.name(path))
+            }
+            guard done != nil else { return }
+            tree.objects[path] = nil
+            kernel.dropped(path)
+        }
+        try check(path)
+        try checkHandles()
+    }
+
+    func rmdirPath() throws {
+        let path = targetPath([.directory])
+        try step("rmdir \(path)") {
+            var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
+            if expected == nil, tree.objects[path]!.kind != .directory { expected = .notADirectory }
+            if expected == nil, !tree.children(of: path).isEmpty { expected = .notEmpty }
+            let done: Void? = try expect(expected, "rmdir \(path)") { () throws(FSError) in
+                try kernel.fs.rmdir(parent: try kernel.parentOf(path), name: ReferenceTree.name(path))
+            }
+            guard done != nil else { return }
+            tree.objects[path] = nil
+            kernel.dropped(path)
+        }
+        try check(path)
+    }
+
+    func mkdirPath() throws {
+        let path = anyPath()
+        let mode: UInt16 = chance(0.5) ? 0o755 : 0o700
+        try step("mkdir \(path) \(String(mode, radix: 8))") {
+            let expected = parentError(path) ?? (tree.objects[path] == nil ? nil : .exists)
+            let done: Void? = try expect(expected, "mkdir \(path)") { () throws(FSError) in
+                let parent = try kernel.parentOf(path)
+                if try kernel.existing(path) != nil { throw FSError(.exists, "exists (the kernel's lookup)") }
+                let attributes = try kernel.fs.mkdir(parent: parent, name: ReferenceTree.name(path), mode: mode, caller: caller)
+                kernel.counted(path, attributes.inode)
+            }
+            if done != nil { tree.objects[path] = ModelObject(kind: .directory, mode: mode, uid: caller.uid, gid: caller.gid) }
+        }
+        try check(path)
+        try check(ReferenceTree.parent(path))
+    }
+
+    func symlinkPath() throws {
+        let path = anyPath()
+        let target = "../t" + String(Int.random(in: 0..<1000, using: &random))
+        try step("symlink \(path) -> \(target)") {
+            let expected = parentError(path) ?? (tree.objects[path] == nil ? nil : .exists)
+            let done: Void? = try expect(expected, "symlink \(path)") { () throws(FSError) in
+                let parent = try kernel.parentOf(path)
+                if try kernel.existing(path) != nil { throw FSError(.exists, "exists (the kernel's lookup)") }
+                let attributes = try kernel.fs.symlink(parent: parent, name: ReferenceTree.name(path), target: target, caller: caller)
+                kernel.counted(path, attributes.inode)
+            }
+            if done != nil {
+                let object = ModelObject(kind: .symlink, mode: 0o777, uid: caller.uid, gid: caller.gid)
+                object.target = target
+                tree.objects[path] = object
+            }
+        }
+        try check(path)
+    }
+
+    func listDirectory() throws {
+        let path = pick(tree.directories)!
+        let plus = chance(0.6)
+        try step("ls\(plus ? " -l" : "") \(path.isEmpty ? "/" : path)") { try checkListing(path, plus: plus) }
+    }
+
+    func statPath() throws {
+        let path = targetPath([.file, .directory, .symlink])
+        try step("stat and read \(path)") { try check(path) }
+    }
+
+    func expireCaches() throws {
+        try step("time passes (dentries, listings and attributes expire)") {
+            clock.advance(10)
+            kernel.expire()
+        }
+    }
+
+    func evictInodes() throws {
+        try step("the kernel forgets every inode without an open file") {
+            kernel.evict(keeping: Set(handles.map(\.inode)))
+        }
+    }
+
+    func remount() throws {
+        try step("unmount (closing every handle) and mount again") {
+            while !handles.isEmpty { try close(handleIndex: handles.count - 1) }
+            kernel.fs.shutdown()
+            kernel = KernelSimulator(try Filesystem(store: store, configuration: configuration, logger: Logger(label: "model")))
+            kernel.fs.recoverPendingUploads()
+        }
+    }
+
+    /// Another client writes a file (never one open here).
+    func outOfBandPut() throws {
+        let path = chance(0.5) ? (existingPath([.file]) ?? anyPath()) : anyPath()
+        guard !handles.contains(where: { $0.object === tree.objects[path] }), parentError(path) == nil,
+            tree.objects[path]?.kind ?? .file == .file
+        else { return }
+        let data = bytes(Int.random(in: 0...40, using: &random))
+        try step("another client PUTs \(data.count) bytes at \(path)") {
+            store.seed(path, data)
+            let object = ModelObject(kind: .file, mode: 0o644, uid: 0, gid: 0)
+            object.bytes = data
+            tree.objects[path] = object
+            clock.advance(10)
+            kernel.expire()
+        }
+        try check(path)
+    }
+
+    /// Another client deletes a file (never one open here).
+    func outOfBandDelete() throws {
+        guard let path = existingPath([.file]), !handles.contains(where: { $0.object === tree.objects[path] }) else { return }
+        try step("another client DELETEs \(path)") {
+            try? store.delete(key: path)
+            tree.objects[path] = nil
+            clock.advance(10)
+            kernel.expire()
+        }
+        try check(path)
+    }
+
+    // MARK: Checks
+
+    func checkEverything() throws {
+        try step("check the whole tree") {
+            for directory in tree.directories { try checkListing(directory, plus: false) }
+            for path in tree.objects.keys.sorted() { try check(path) }
+        }
+    }
+
+    func checkListing(_ directory: String, plus: Bool) throws {
+        guard let inode = try expect(nil, "resolve directory \(directory)", { () throws(FSError) in try kernel.resolve(directory) })
+        else { return }
+        var seen: [String] = []
+        _ = try expect(nil, "list \(directory)") { () throws(FSError) in
+            let handle = try kernel.fs.opendir(inode)
+            defer { kernel.fs.releasedir(handle: handle) }
+            var offset: Int64 = 0
+            while true {
+                var count = 0
+                if plus {
+                    try kernel.fs.readdirplus(inode, handle: handle, offset: offset) { name, _, _, attributes, next in
+                        guard count < 5 else { return false }
+                        count += 1
+                        offset = next
+                        if name != "." && name != ".." {
+                            seen.append(name)
+                            if let attributes { kernel.counted(ReferenceTree.join(directory, name), attributes.inode) }
+                        }
+                        return true
+                    }
+                } else {
+                    try kernel.fs.readdir(inode, handle: handle, offset: offset) { name, _, _, next in
+                        guard count < 5 else { return false }
+                        count += 1
+                        offset = next
+                        if name != "." && name != ".." { seen.append(name) }
+                        return true
+                    }
+                }
+                if count == 0 { break }
+            }
+        }
+        let expected = tree.children(of: directory)
+        if seen.sorted() != expected || Set(seen).count != seen.count {
+            throw fail("ls \(directory.isEmpty ? "/" : directory) shows \(seen.sorted()), expected \(expected)")
+        }
+    }
+
+    /// Compares what stat, readlink and a read of `path` show with the reference.
+    func check(_ path: String) throws {
+        if path.isEmpty { return try checkListing("", plus: false) }
+        guard let object = tree.objects[path] else {
+            if parentError(path) == nil {
+                _ = try expect(.notFound, "lookup of the removed \(path)") { () throws(FSError) in try kernel.resolve(path) }
+            }
+            return
+        }
+        guard let attributes = try expect(nil, "stat \(path)", { () throws(FSError) in try kernel.fs.getattr(try kernel.resolve(path)) })
+        else { return }
+        if attributes.kind != object.kind { throw fail("\(path) is a \(attributes.kind), expected a \(object.kind)") }
+        if object.kind != .symlink && attributes.permissions != object.mode {
+            throw fail("\(path) has mode \(String(attributes.permissions, radix: 8)), expected \(String(object.mode, radix: 8))")
+        }
+        if attributes.uid != object.uid || attributes.gid != object.gid {
+            throw fail("\(path) is owned by \(attributes.uid):\(attributes.gid), expected \(object.uid):\(object.gid)")
+        }
+        if let mtime = object.mtime, attributes.modified != mtime {
+            throw fail("\(path) has mtime \(attributes.modified), expected \(mtime)")
+        }
+        switch object.kind {
+        case .directory:
+            try checkListing(path, plus: false)
+        case .symlink:
+            let target = try expect(nil, "readlink \(path)") { () throws(FSError) in try kernel.fs.readlink(attributes.inode) }
+            if target != object.target { throw fail("readlink \(path) is \(target ?? "-"), expected \(object.target)") }
+        case .file:
+            if attributes.size != Int64(object.bytes.count) {
+                throw fail("\(path) has size \(attributes.size), expected \(object.bytes.count)")
+            }
+            let content = try expect(nil, "read \(path)") { () throws(FSError) in
+                let opened = try kernel.fs.open(attributes.inode, writable: false, truncate: false)
+                defer { kernel.fs.release(handle: opened.handle) }
+                return try readAll(opened.handle)
+            }
+            if let content, content != object.bytes {
+                throw fail("\(path) reads \(content.count) bytes \(content.prefix(16)), expected \(object.bytes.count) bytes \(object.bytes.prefix(16))")
+            }
+        }
+    }
+
+    func readAll(_ handle: UInt64) throws(FSError) -> [UInt8] {
+        var bytes: [UInt8] = []
+        let chunk = Int.random(in: 7...64, using: &random)
+        while true {
+            var got = 0
+            try kernel.fs.read(handle: handle, offset: Int64(bytes.count), length: chunk) { piece in
+                got = piece.count
+                bytes.append(contentsOf: piece)
+            }
+            if got == 0 { return bytes }
+        }
+    }
+
+    /// Every open handle reads what its object holds (renamed or unlinked or not).
+    func checkHandles() throws {
+        for handle in handles {
+            // A read-only handle reads the object; once no name leads to its file (unlinked,
+            // replaced by a rename), the object may be gone: ENOENT or ESTALE then (the man page's
+            // CONSISTENCY), never wrong bytes.
+            if !handle.writable && !tree.objects.values.contains(where: { $0 === handle.object }) {
+                do {
+                    let content = try readAll(handle.number)
+                    if content != handle.object.bytes { throw fail("handle \(handle.number) of a removed file reads \(content.count) bytes \(content.prefix(8)), expected \(handle.object.bytes.count) \(handle.object.bytes.prefix(8))") }
+                } catch let error as FSError where error.code == .notFound || error.code == .stale {}
+                continue
+            }
+            let content = try expect(nil, "read through handle \(handle.number)") { () throws(FSError) in try readAll(handle.number) }
+            if let content, content != handle.object.bytes {
+                throw fail("handle \(handle.number) reads \(content.count) bytes \(content.prefix(16)), expected \(handle.object.bytes.count) bytes \(handle.object.bytes.prefix(16))")
+            }
+        }
+    }
+
+    /// Where open objects live now (after renames), the tree shows them.
+    func checkPathsOfOpenObjects() throws {
+        for (path, object) in tree.objects where handles.contains(where: { $0.object === object }) { try check(path) }
+    }
+}

@@ -1,0 +1,38 @@
+import Foundation
+import Testing
+
+/// Random operation sequences against the filesystem core and a reference tree (see
+/// `ReferenceModelRun`). Environment:
+/// - `CSSP_MODEL_SEED=N`: replay one seed (printed by a failure).
+/// - `CSSP_MODEL_SEEDS=N` (default 40) seeds of `CSSP_MODEL_OPS=N` (default 500) operations each;
+///   the seeds are `CSSP_MODEL_FIRST_SEED` (default 1) on. `scripts/test --long` runs more.
+struct ReferenceModelTests {
+    static func setting(_ name: String) -> UInt64? {
+        ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) }
+    }
+
+    @Test func randomOperationSequencesMatchTheReference() throws {
+        let operations = Int(Self.setting("CSSP_MODEL_OPS") ?? 500)
+        let seeds: [UInt64]
+        if let seed = Self.setting("CSSP_MODEL_SEED") {
+            seeds = [seed]
+        } else {
+            let first = Self.setting("CSSP_MODEL_FIRST_SEED") ?? 1
+            seeds = Array(first..<(first + (Self.setting("CSSP_MODEL_SEEDS") ?? 40)))
+        }
+        var total = 0
+        var failures = 0
+        for seed in seeds {
+            let run = try ReferenceModelRun(seed: seed)
+            do {
+                try run.run(operations: operations)
+            } catch {
+                failures += 1
+                Issue.record("\(error)")
+                if failures >= 3 { break }
+            }
+            total += run.operations
+        }
+        print("reference model: \(total) operations over \(seeds.count) seeds (\(seeds.first!)...\(seeds.last!)), \(failures) failed")
+    }
+}
