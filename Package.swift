@@ -23,6 +23,8 @@ let package = Package(
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
 
+        // `Locked`: the one lock type (a pthread mutex ThreadSanitizer understands).
+        .target(name: "Locking"),
         .target(
             name: "ObjectStore",
             dependencies: [.product(name: "Logging", package: "swift-log")]
@@ -34,16 +36,16 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        .target(name: "ObjectStoreTesting", dependencies: ["ObjectStore"]),
+        .target(name: "ObjectStoreTesting", dependencies: ["ObjectStore", "Locking"]),
         // The SQLite block cache: what is on disk. Knows objects only as names, ETags and blocks.
         .target(
             name: "BlockCache",
-            dependencies: ["CSQLite", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["CSQLite", "Locking", .product(name: "Logging", package: "swift-log")]
         ),
         .target(
             name: "FileSystem",
             dependencies: [
-                "ObjectStore", "BlockCache",
+                "ObjectStore", "BlockCache", "Locking",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -79,7 +81,7 @@ let package = Package(
         .testTarget(
             name: "FileSystemTests",
             dependencies: [
-                "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreTesting",
+                "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreTesting", "Locking",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,5 +1,6 @@
 import CSQLite
 import Dispatch
+import Locking
 import Logging
 import Synchronization
 
@@ -92,9 +93,9 @@ public final class BlockCache: Sendable {
     }
 
     /// Protects the write queue.
-    private let pending = Mutex(Pending())
+    private let pending = Locked(Pending())
     /// Idle read connections; a reader takes one (or opens one) and gives it back.
-    private let readers = Mutex<[ReadConnection]>([])
+    private let readers = Locked<[ReadConnection]>([])
     private let writer: WriteConnection
     private let writerQueue = DispatchQueue(label: "csspfs.block-cache.writer")
     private let disabled = Atomic<Bool>(false)

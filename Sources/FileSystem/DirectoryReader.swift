@@ -1,3 +1,4 @@
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -19,7 +20,7 @@ final class DirectoryReader: Sendable {
 
     /// Protects the listing progress. The kernel serialises readdir per open directory, so fetching
     /// outside the lock never races with another fetch of the same reader.
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     /// Whether the entries come from a remembered listing rather than from the server.
     let isRemembered: Bool
@@ -32,7 +33,7 @@ final class DirectoryReader: Sendable {
         self.pageSize = pageSize
         self.hidden = hidden
         self.prefix = prefix
-        self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix)))
+        self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix)))
         isRemembered = false
     }
 
@@ -43,7 +44,7 @@ final class DirectoryReader: Sendable {
         self.pageSize = 0
         self.hidden = nil
         self.prefix = prefix
-        self.state = Mutex(State(builder: DirectoryBuilder(prefix: prefix), entries: entries, complete: true))
+        self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix), entries: entries, complete: true))
         isRemembered = true
     }
 

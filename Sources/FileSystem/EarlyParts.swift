@@ -1,4 +1,5 @@
 import Dispatch
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -8,18 +9,19 @@ import Synchronization
 /// Subtleties:
 /// 1. A part is uploaded early once the writer has written past its end and the file is over
 ///    the multipart threshold. Only whole parts go early; the last part always waits for close.
-/// 2. Every write records, per part it touches, the spool generation it made (`OpenFile`'s
+/// 2. Every write records, per part it touches, the spool generation it made (`SpoolFile`'s
 ///    `partGenerations`). An early upload remembers the generation it started from; at close a
 ///    part is reused only if no write touched it since, else it is sent again. A write racing an
 ///    upload can only make the part look stale, never current.
 /// 3. The parts live under this pipeline's own upload id. Once a manifest points at them the
 ///    pipeline is spent (`Filesystem.commit` drops it); later writes start a new one.
-/// 4. Lock order: `OpenFile.state`, then `EarlyParts.state`. No lock is held during an upload.
+/// 4. Lock order: `SpoolFile.state`, then `EarlyParts.state`. No lock is held during an upload.
 final class EarlyParts: Sendable {
     let partPrefix: String
     let partSize: Int64
     private let store: any ObjectStore
     private let concurrency: Int
+    private let pool: BackgroundPool
     private let group = DispatchGroup()
 
     struct Part {
@@ -34,10 +36,11 @@ final class EarlyParts: Sendable {
     }
 
     /// Protects finished and running parts.
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
-    init(store: any ObjectStore, partSize: Int64, concurrency: Int) {
+    init(store: any ObjectStore, partSize: Int64, concurrency: Int, pool: BackgroundPool) {
         self.store = store
+        self.pool = pool
         self.partSize = partSize
         self.concurrency = concurrency
         partPrefix = Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
@@ -57,7 +60,11 @@ final class EarlyParts: Sendable {
             return starting
         }
         for (index, generation) in starting {
-            DispatchQueue.global().async(group: group) { self.upload(index, generation: generation, path: path) }
+            group.enter()
+            pool.submitOrRun { [self] in
+                upload(index, generation: generation, path: path)
+                group.leave()
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 import BlockCache
 import Dispatch
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -25,6 +26,8 @@ import Glibc
 /// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
 final class FileReader: Sendable {
     let key: String
+    /// Runs read-ahead and page-cache stores.
+    private let pool: BackgroundPool
     let size: Int64
     let etag: String
     let isManifest: Bool
@@ -57,15 +60,16 @@ final class FileReader: Sendable {
     }
 
     /// Protects the block table and the access pattern.
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(
-        store: any ObjectStore, key: String, size: Int64, etag: String, manifest: String?,
+        store: any ObjectStore, pool: BackgroundPool, key: String, size: Int64, etag: String, manifest: String?,
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
         kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
     ) {
         self.kernel = kernel
         self.store = store
+        self.pool = pool
         self.key = key
         self.size = size
         self.etag = etag
@@ -230,7 +234,7 @@ final class FileReader: Sendable {
             }
         }
         for run in runs {
-            DispatchQueue.global().async { self.load(run) }
+            pool.submitOrRun { self.load(run) }
         }
     }
 
@@ -294,10 +298,11 @@ final class FileReader: Sendable {
             if waitForCache && versionChecked, let kernel,
                 Self.kernelStores.add(1, ordering: .relaxed).newValue <= 2
             {
-                DispatchQueue.global().async {
+                let offered = pool.submit {
                     buffer.withBytes(0..<buffer.count) { kernel(lower, $0) }
                     Self.kernelStores.subtract(1, ordering: .relaxed)
                 }
+                if !offered { Self.kernelStores.subtract(1, ordering: .relaxed) }
             } else if waitForCache && versionChecked && kernel != nil {
                 Self.kernelStores.subtract(1, ordering: .relaxed)
             }
@@ -337,7 +342,7 @@ final class Block: Sendable {
     }
 
     let index: Int64
-    private let state = Mutex<Result<Bytes, FSError>?>(nil)
+    private let state = Locked<Result<Bytes, FSError>?>(nil)
     private let latch = Latch()
 
     init(index: Int64) { self.index = index }

@@ -1,5 +1,6 @@
 import BlockCache
 import Dispatch
+import Locking
 import ObjectStore
 
 #if canImport(Glibc)
@@ -21,7 +22,7 @@ extension Filesystem {
 
     var uploader: Uploader {
         Uploader(
-            store: store, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
+            store: store, pool: pool, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
             concurrency: configuration.uploadConcurrency)
     }
 
@@ -75,17 +76,12 @@ extension Filesystem {
         let open = try makeSpool(for: node, download: !truncate)
         // Another thread may have opened the same file meanwhile: its spool wins. Taking the spool
         // and counting this handle on it is one step, so a retiring spool is never attached to.
-        let attached: OpenFile? = state.withLock { s in
-            if let existing = s.openFiles[inode] {
-                existing.state.withLock { o in
-                    if writable { o.writers += 1 } else { o.readers += 1 }
-                }
+        let attached: SpoolFile? = state.withLock { s in
+            if let existing = s.openFiles[inode], existing.state.withLock({ $0.attach(writable: writable) }) {
                 return existing
             }
             guard s.inodes[inode] != nil else { return nil }
-            open.state.withLock { o in
-                if writable { o.writers += 1 } else { o.readers += 1 }
-            }
+            _ = open.state.withLock { $0.attach(writable: writable) }
             s.openFiles[inode] = open
             s.inodes.pin(inode)
             s.inodes.update(inode) { $0.localVersion += 1 }
@@ -103,7 +99,7 @@ extension Filesystem {
     }
 
     /// O_TRUNC on a spool this handle was just counted on: a failure gives the count back.
-    private func truncateAttached(_ open: OpenFile, writable: Bool) throws(FSError) {
+    private func truncateAttached(_ open: SpoolFile, writable: Bool) throws(FSError) {
         do {
             try open.truncate(to: 0)
         } catch {
@@ -122,7 +118,7 @@ extension Filesystem {
             }
         }
         return FileReader(
-            store: store, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest,
+            store: store, pool: pool, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest,
             cache: configuration.blockCache, cacheName: cacheName(node.key),
             fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
             maximumWindow: configuration.readAheadWindow,
@@ -130,20 +126,17 @@ extension Filesystem {
     }
 
     /// Counts one more handle on the spool of `inode`, if it has one.
-    private func attach(_ inode: InodeNumber, writable: Bool) -> OpenFile? {
+    private func attach(_ inode: InodeNumber, writable: Bool) -> SpoolFile? {
         state.withLock { s in
-            guard let open = s.openFiles[inode] else { return nil }
-            open.state.withLock { o in
-                if writable { o.writers += 1 } else { o.readers += 1 }
-            }
+            guard let open = s.openFiles[inode], open.state.withLock({ $0.attach(writable: writable) }) else { return nil }
             return open
         }
     }
 
     /// A new spool for `node`, holding the object's current bytes when `download` is set.
-    func makeSpool(for node: Node, download: Bool) throws(FSError) -> OpenFile {
+    func makeSpool(for node: Node, download: Bool) throws(FSError) -> SpoolFile {
         let (path, fd) = try spool.create()
-        let open = OpenFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: !download)
+        let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: !download)
         guard download && node.size > 0 else { return open }
         var offset: Int64 = 0
         var failure: FSError? = nil
@@ -215,7 +208,7 @@ extension Filesystem {
         try open.write(bytes, at: offset)
         startEarlyParts(open, writtenEnd: offset + Int64(bytes.count))
         let now = Timestamp.now()
-        state.withLock { s in
+        _ = state.withLock { s in
             s.inodes.update(open.inode) { node in
                 node.stored.mtime = now
                 node.attributeVersion += 1
@@ -225,13 +218,14 @@ extension Filesystem {
 
     /// Once a file is over the multipart threshold, uploads the parts its writer has passed
     /// (see `EarlyParts`), so that close has less to send.
-    private func startEarlyParts(_ open: OpenFile, writtenEnd: Int64) {
+    private func startEarlyParts(_ open: SpoolFile, writtenEnd: Int64) {
         let multipart = configuration.multipartThreshold
         let (parts, generations): (EarlyParts?, [Int: UInt64]) = open.state.withLock { o in
-            guard o.size > multipart, !o.unlinked else { return (nil, [:]) }
+            guard o.size > multipart, !o.isRemoved else { return (nil, [:]) }
             if o.earlyParts == nil {
                 o.earlyParts = EarlyParts(
-                    store: store, partSize: configuration.partSize, concurrency: configuration.uploadConcurrency)
+                    store: store, partSize: configuration.partSize, concurrency: configuration.uploadConcurrency,
+                    pool: pool)
             }
             return (o.earlyParts, o.partGenerations)
         }
@@ -240,7 +234,7 @@ extension Filesystem {
 
     /// Deletes the parts of a pipeline no manifest will point at.
     func discard(_ parts: EarlyParts) {
-        DispatchQueue.global().async { [uploader] in
+        pool.submit { [uploader] in
             _ = parts.finish()
             uploader.deleteAll(prefix: parts.partPrefix)
         }
@@ -259,25 +253,26 @@ extension Filesystem {
     }
 
     /// Drops one handle's hold on a spool; the last one stores what changed and retires it.
-    private func detach(_ open: OpenFile, writable: Bool) {
-        let last = open.state.withLock { o in
-            if writable { o.writers -= 1 } else { o.readers -= 1 }
-            return o.writers == 0 && o.readers == 0 && !o.pending
-        }
-        guard last else { return }
-        do {
-            try commit(open)
-            retire(open)
-        } catch {
-            // The writer saw this error at close already; keep the bytes and keep trying.
-            logger.error("\(error.message); the data stays in \(open.path) and is retried")
-            markPending(open)
+    private func detach(_ open: SpoolFile, writable: Bool) {
+        switch open.state.withLock({ $0.detach(writable: writable) }) {
+        case .keep: return
+        case .retire: retire(open)
+        case .upload:
+            do {
+                try commit(open)
+                retire(open)
+            } catch {
+                // The writer saw this error at close already; keep the bytes and keep trying.
+                logger.error("\(error.message); the data stays in \(open.path) and is retried")
+                afterFailure(open, open.state.withLock { $0.uploadFailed() })
+            }
         }
     }
 
     /// Runs `body` on the spool of `inode` while holding it like a writer, so that a concurrent
-    /// last release cannot retire it half-way; returns false when the file has no spool.
-    private func withSpool(of inode: InodeNumber, _ body: (OpenFile) throws(FSError) -> Void) throws(FSError) -> Bool {
+    /// last release cannot retire it half-way; returns false when the file has no spool. When this
+    /// was the last hold, the change is stored before returning, as a path-based call must.
+    private func withSpool(of inode: InodeNumber, _ body: (SpoolFile) throws(FSError) -> Void) throws(FSError) -> Bool {
         guard let open = attach(inode, writable: true) else { return false }
         do {
             try body(open)
@@ -285,27 +280,26 @@ extension Filesystem {
             detach(open, writable: true)
             throw error
         }
-        let last = open.state.withLock { o in o.writers == 1 && o.readers == 0 }
-        if last {
-            // Nobody else will close this file: store the change now, as a path-based call must.
+        switch open.state.withLock({ $0.detach(writable: true) }) {
+        case .keep: break
+        case .retire: retire(open)
+        case .upload:
             do {
                 try commit(open)
             } catch {
-                detach(open, writable: true)
+                afterFailure(open, open.state.withLock { $0.uploadFailed() })
                 throw error
             }
+            retire(open)
         }
-        detach(open, writable: true)
         return true
     }
 
-    /// Drops a spool whose content is stored (or was unlinked), and the node if the kernel forgot it.
-    func retire(_ open: OpenFile) {
+    /// Drops a spool whose content is stored (or that was removed), and the node if the kernel
+    /// forgot it. Does nothing while the spool is held or owes an upload.
+    func retire(_ open: SpoolFile) {
         let done: Bool = state.withLock { s in
-            let idle = open.state.withLock { o in
-                o.writers == 0 && o.readers == 0 && (!(o.dataDirty || o.metadataDirty) || o.unlinked)
-            }
-            guard idle, s.openFiles[open.inode] === open else { return false }
+            guard s.openFiles[open.inode] === open, open.state.withLock({ $0.retire() }) else { return false }
             s.openFiles[open.inode] = nil
             s.inodes.unpin(open.inode)
             s.sweep()
@@ -314,31 +308,36 @@ extension Filesystem {
         if done { open.discard() }
     }
 
-    private func markPending(_ open: OpenFile) {
-        let alreadyPending = open.state.withLock { o in
-            defer { o.pending = true }
-            return o.pending
+    /// Carries out what the spool's state machine decided after a failed upload.
+    private func afterFailure(_ open: SpoolFile, _ decision: SpoolState.Failure) {
+        switch decision {
+        case .keep: break
+        case .retire: retire(open)
+        case .scheduleRetry(let tries):
+            let delay = min(60, configuration.pendingRetrySeconds * Double(1 << min(tries - 1, 10)))
+            pool.submit(after: delay) { [self] in retryUpload(open) }
         }
-        if let node = state.withLock({ $0.inodes[open.inode] }) {
-            let (contentType, metadata) = storedForm(of: node)
-            Spool.writePendingNote(
-                dataPath: open.path, upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata))
-        }
-        if !alreadyPending { scheduleRetry(open, after: configuration.pendingRetrySeconds) }
     }
 
-    private func scheduleRetry(_ open: OpenFile, after delay: Double) {
-        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in
-            do throws(FSError) {
-                try commit(open)
-                open.state.withLock { $0.pending = false }
-                logger.notice("stored \(open.path) after an earlier failure")
-                retire(open)
-            } catch {
-                logger.warning("retrying upload of \(open.path) later: \(error.message)")
-                scheduleRetry(open, after: min(60, delay * 2))
-            }
+    private func retryUpload(_ open: SpoolFile) {
+        guard open.state.withLock({ $0.retryIsDue() }) else { return }
+        do {
+            try commit(open)
+            logger.notice("stored \(open.path) after an earlier failure")
+            retire(open)
+        } catch {
+            logger.warning("retrying upload of \(open.path) later: \(error.message)")
+            afterFailure(open, open.state.withLock { $0.retryFailed() })
         }
+    }
+
+    /// Journals an owed upload: the note beside the spool names the key and how to store it, so
+    /// that a later mount stores it if this one cannot. Written before the writer hears of the
+    /// failure.
+    private func writeNote(_ open: SpoolFile, for node: Node) {
+        let (contentType, metadata) = storedForm(of: node)
+        Spool.writePendingNote(
+            dataPath: open.path, upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata))
     }
 
     /// The content type and metadata headers that store `node`'s attributes.
@@ -347,14 +346,14 @@ extension Filesystem {
     }
 
     /// Uploads the spool (or only its metadata) if it changed since the last upload.
-    func commit(_ open: OpenFile) throws(FSError) {
+    func commit(_ open: SpoolFile) throws(FSError) {
         try open.uploadLock.withLock { (_: inout Void) throws(FSError) in try commitLocked(open) }
     }
 
     /// `commit`, for a caller that holds the spool's upload lock.
-    func commitLocked(_ open: OpenFile) throws(FSError) {
+    func commitLocked(_ open: SpoolFile) throws(FSError) {
         let snapshot = open.state.withLock { $0 }
-        if snapshot.unlinked || !(snapshot.dataDirty || snapshot.metadataDirty) { return }
+        if !snapshot.needsUpload { return }
         guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
         let (contentType, metadata) = storedForm(of: node)
         var etag = node.etag
@@ -382,15 +381,11 @@ extension Filesystem {
                 try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
             }
         } catch {
+            if !open.state.withLock({ $0.isRemoved }) { writeNote(open, for: node) }
             throw FSError(storeError: error, operation: "upload", path: node.key)
         }
-        Glibc.unlink(String(open.path.dropLast(".data".count)) + ".pending")
-        open.state.withLock { o in
-            if o.generation == snapshot.generation {
-                o.dataDirty = false
-                o.metadataDirty = false
-            }
-        }
+        Spool.removeNote(dataPath: open.path)
+        _ = open.state.withLock { $0.uploaded(generation: snapshot.generation) }
         state.withLock { s in
             let updated = s.inodes.update(open.inode) { current in
                 current.size = snapshot.size
@@ -418,12 +413,14 @@ extension Filesystem {
     /// Offers what was just stored to the block cache, in the background, so that reading it back
     /// (after the kernel dropped its pages, or from the next mount) needs no GET. Stops at the
     /// first sign of a newer change: blocks must hold exactly the bytes of `etag`.
-    func seedCache(from open: OpenFile, generation: UInt64, size: Int64, key: String, etag: String) {
+    func seedCache(from open: SpoolFile, generation: UInt64, size: Int64, key: String, etag: String) {
         guard let cache = configuration.blockCache, size > 0, size <= cache.capacity / 4, !etag.isEmpty else { return }
         let fd = dup(open.fd)
         guard fd >= 0 else { return }
         let object = BlockCache.Object(name: cacheName(key), etag: etag)
-        DispatchQueue.global(qos: .utility).async(group: seeding) {
+        seeding.enter()
+        let started = pool.submit { [seeding] in
+            defer { seeding.leave() }
             defer { close(fd) }
             let blockSize = Int64(cache.blockSize)
             var index: Int64 = 0
@@ -444,6 +441,10 @@ extension Filesystem {
                 cache.store(object, block: index, bytes: buffer, range: 0..<count, waitForRoom: true)
                 index += 1
             }
+        }
+        if !started {
+            close(fd)
+            seeding.leave()
         }
     }
 
@@ -488,7 +489,7 @@ extension Filesystem {
         let open = try makeSpool(for: node, download: size > 0)
         defer { open.discard() }
         try open.truncate(to: size)
-        state.withLock { s in
+        _ = state.withLock { s in
             s.inodes.update(node.inode) { node in
                 node.stored.mtime = Timestamp.now()
                 node.attributeVersion += 1

@@ -1,4 +1,5 @@
 import Dispatch
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -42,15 +43,15 @@ extension Filesystem {
     {
         let directory = try requireWritableDirectory(parent, name: name)
         let (path, fd) = try spool.create()
-        let result: (Node, OpenFile, UInt64) = state.withLock { s in
+        let result: (Node, SpoolFile, UInt64) = state.withLock { s in
             var node = Node(
                 inode: 0, parent: parent, name: name, kind: .file, key: directory.key + name, size: 0, etag: "",
                 lastModified: Timestamp.now())
             node.stored = newAttributes(mode: mode, caller: caller)
             node.baseContentType = "application/octet-stream"
             node = insert(node, in: &s)
-            let open = OpenFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true)
-            open.state.withLock { $0.writers = 1 }
+            let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true)
+            _ = open.state.withLock { $0.attach(writable: true) }
             s.openFiles[node.inode] = open
             s.inodes.pin(node.inode)
             let handle = s.nextHandle
@@ -192,12 +193,8 @@ extension Filesystem {
 
     /// The spool's file is gone (unlinked, or replaced by a rename): its bytes are never uploaded,
     /// its early parts are deleted, and no later mount recovers it.
-    func markRemoved(_ open: OpenFile) {
-        let early: EarlyParts? = open.state.withLock { o in
-            o.unlinked = true
-            defer { o.earlyParts = nil }
-            return o.earlyParts
-        }
+    func markRemoved(_ open: SpoolFile) {
+        let (early, _) = open.state.withLock { $0.remove() }
         if let early { discard(early) }
         Spool.removeNote(dataPath: open.path)
     }
@@ -287,15 +284,15 @@ extension Filesystem {
 
     /// Runs `body` holding the upload locks of `spools` (in inode order, the one order every
     /// holder of several uses): no upload of them runs meanwhile.
-    func withUploadsHeld<T>(_ spools: [OpenFile], _ body: () throws(FSError) -> T) throws(FSError) -> T {
-        var unique: [OpenFile] = []
+    func withUploadsHeld<T>(_ spools: [SpoolFile], _ body: () throws(FSError) -> T) throws(FSError) -> T {
+        var unique: [SpoolFile] = []
         for open in spools.sorted(by: { $0.inode < $1.inode }) where !unique.contains(where: { $0 === open }) {
             unique.append(open)
         }
         return try holding(unique[...], body)
     }
 
-    private func holding<T>(_ spools: ArraySlice<OpenFile>, _ body: () throws(FSError) -> T) throws(FSError) -> T {
+    private func holding<T>(_ spools: ArraySlice<SpoolFile>, _ body: () throws(FSError) -> T) throws(FSError) -> T {
         guard let first = spools.first else { return try body() }
         return try first.uploadLock.withLock { (_: inout Void) throws(FSError) -> T in
             try holding(spools.dropFirst(), body)
@@ -430,7 +427,7 @@ extension Filesystem {
         _ directory: Node, to destination: String, replacing existing: Node?, finish: (inout State) -> Void
     ) throws(FSError) {
         let source = directory.key
-        let spools: [OpenFile] = state.withLock { s in
+        let spools: [SpoolFile] = state.withLock { s in
             s.openFiles.values.filter { open in s.inodes[open.inode].map { $0.key.utf8.starts(with: source.utf8) } ?? false }
         }
         try withUploadsHeld(spools) { () throws(FSError) in
@@ -444,7 +441,7 @@ extension Filesystem {
                 throw FSError(storeError: error, operation: "rename", path: source)
             }
             let store = self.store
-            let failure = Concurrently.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
+            let failure = pool.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
                 guard case .object(let summary) = keys[index] else { return }
                 let newKey = destination + String(summary.key.dropFirst(source.count))
                 // Only zero-byte objects can be DLO manifests; they move as manifests, not as bytes.

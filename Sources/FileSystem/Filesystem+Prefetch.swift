@@ -119,7 +119,15 @@ extension Filesystem {
             return starting
         }
         for _ in 0..<start {
-            DispatchQueue.global(qos: .utility).async(group: prefetching) { self.runPrefetchWorker() }
+            prefetching.enter()
+            let started = pool.submit { [self] in
+                runPrefetchWorker()
+                prefetching.leave()
+            }
+            if !started {
+                prefetch.withLock { $0.workers -= 1 }
+                prefetching.leave()
+            }
         }
     }
 

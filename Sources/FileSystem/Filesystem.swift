@@ -1,4 +1,5 @@
 import Dispatch
+import Locking
 import Logging
 import ObjectStore
 import Synchronization
@@ -11,16 +12,16 @@ import Glibc
 //
 // Every lock of the FileSystem module, in the order they may be taken (a lock may be taken while
 // holding only locks above it):
-//   1. `OpenFile.uploadLock` (SerialLock, one per spool): serialises the uploads of one file and
+//   1. `SpoolFile.uploadLock` (SerialLock, one per spool): serialises the uploads of one file and
 //      keeps a namespace operation's change of that file from racing its upload. HELD ACROSS
 //      NETWORK I/O on purpose. Several are held at once only by `withUploadsHeld` (rename,
 //      unlink), always in inode order.
 //   2. `attributeLocks[inode % 64]` (SerialLock): serialises one node's attribute HEAD + POST.
 //      HELD ACROSS NETWORK I/O on purpose. Never taken with an upload lock held, nor the reverse.
-//   3. `state` (Mutex<State>): the inode table, directory cache, handles and spools. Never held
+//   3. `state` (Locked<State>): the inode table, directory cache, handles and spools. Never held
 //      across I/O (network, SQLite, spool files) or a FUSE reply.
-//   4. `OpenFile.state` (Mutex): one spool's counters; taken inside `state` (attach, retire) or alone.
-//   5. `prefetch` (Mutex): the background HEAD table. Never taken together with `state`.
+//   4. `SpoolFile.state` (Locked): one spool's counters; taken inside `state` (attach, retire) or alone.
+//   5. `prefetch` (Locked): the background HEAD table. Never taken together with `state`.
 //   6. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
 //      and its blocks, `EarlyParts.state`, `KernelCache`, the block cache's own.
 // No lock of this module is held while calling into the FUSE layer.
@@ -59,7 +60,7 @@ public final class Filesystem: Sendable {
         /// A read-only handle on an object that nobody was writing through this mount at open.
         case remote(FileReader, InodeNumber, localVersion: UInt64)
         /// A handle on the spool of a file open for writing (or not yet stored).
-        case spool(OpenFile, writable: Bool)
+        case spool(SpoolFile, writable: Bool)
     }
 
     struct State {
@@ -68,7 +69,7 @@ public final class Filesystem: Sendable {
         var directoryHandles: [UInt64: DirectoryReader] = [:]
         var fileHandles: [UInt64: Handle] = [:]
         /// Spools by inode: files open for writing, and closed files whose upload is pending.
-        var openFiles: [InodeNumber: OpenFile] = [:]
+        var openFiles: [InodeNumber: SpoolFile] = [:]
         var nextHandle: UInt64 = 1
         var statistics: (value: FilesystemStatistics, at: Double)?
 
@@ -79,13 +80,15 @@ public final class Filesystem: Sendable {
     }
 
     /// Protects every table above (lock 3 of the LOCKING block at the top of this file).
-    let state: Mutex<State>
+    let state: Locked<State>
     /// Stores fetched bytes in the kernel's page cache (installed by the FUSE layer).
     public let kernelCache = KernelCache()
+    /// The threads of all background work (see `BackgroundPool`).
+    let pool: BackgroundPool
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
     /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 5).
-    let prefetch = Mutex(PrefetchState())
+    let prefetch = Locked(PrefetchState())
     let prefetching = DispatchGroup()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 2).
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
@@ -95,7 +98,8 @@ public final class Filesystem: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.spool = try Spool(directory: configuration.spoolDirectory)
-        state = Mutex(State(inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)))
+        self.pool = BackgroundPool(width: configuration.backgroundThreads)
+        state = Locked(State(inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)))
     }
 
     /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
@@ -655,12 +659,16 @@ public final class Filesystem: Sendable {
 
     // MARK: Filesystem
 
-    /// Ends the mount's background work and gives up the spool directory (unmount). Uploads still
-    /// owed stay in the spool with their notes, for the next mount.
-    public func shutdown() {
+    /// Ends the mount's background work and gives up the spool directory (unmount): queued and
+    /// delayed jobs are dropped, running ones get until `deadline` seconds. Uploads still owed
+    /// stay in the spool with their notes, for the next mount. Returns whether every job ended.
+    @discardableResult
+    public func shutdown(deadline: Double = 30) -> Bool {
         stopPrefetching()
-        waitForCacheWrites()
+        let ended = pool.shutdown(deadline: deadline)
+        configuration.blockCache?.waitUntilWritten()
         spool.unlock()
+        return ended
     }
 
     public func statistics() -> FilesystemStatistics {

@@ -1,3 +1,4 @@
+import Locking
 import Synchronization
 
 #if canImport(Glibc)
@@ -18,7 +19,7 @@ public final class KernelCache: Sendable {
 
     /// Protects the installed functions (never held while one runs: a store can wait for pages
     /// the kernel has locked for a read not answered yet).
-    private let functions = Mutex<(store: Store, invalidate: Invalidate)?>(nil)
+    private let functions = Locked<(store: Store, invalidate: Invalidate)?>(nil)
     private let installed = Atomic<Bool>(false)
     /// Calls into the session under way (`uninstall` waits for them).
     private let running = Atomic<Int>(0)

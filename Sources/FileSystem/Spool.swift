@@ -1,3 +1,4 @@
+import Locking
 import Synchronization
 
 #if canImport(Glibc)
@@ -177,140 +178,10 @@ final class Spool: Sendable {
     }
 }
 
-/// A file open for writing (or closed with its upload still pending): its spool and state.
-final class OpenFile: Sendable {
-    let inode: InodeNumber
-    let path: String
-    let fd: Int32
-
-    struct State {
-        var size: Int64
-        /// Bytes changed since the last successful upload (or never uploaded).
-        var dataDirty: Bool
-        /// Mode, owner or time changed since the last successful upload.
-        var metadataDirty = false
-        /// Bumped by every change, so an upload knows whether it stored the latest state.
-        var generation: UInt64 = 0
-        /// Writes or truncations under way (their bytes may be in the file before `generation` moves).
-        var changesInProgress = 0
-        /// Parts uploaded while the file is written (see `EarlyParts`), and the generation of the
-        /// last write into each part.
-        var earlyParts: EarlyParts? = nil
-        var partGenerations: [Int: UInt64] = [:]
-        var writers = 0
-        var readers = 0
-        /// The file was unlinked while open: its bytes are never uploaded.
-        var unlinked = false
-        /// The last upload failed; a retry is scheduled.
-        var pending = false
-    }
-
-    /// Protects `State` (lock 4 of the LOCKING block in Filesystem.swift).
-    let state: Mutex<State>
-    /// Serialises uploads of this file (lock 1 of the LOCKING block in Filesystem.swift).
-    let uploadLock = SerialLock()
-
-    init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool) {
-        self.inode = inode
-        self.path = path
-        self.fd = fd
-        self.state = Mutex(State(size: size, dataDirty: dirty))
-    }
-
-    var size: Int64 { state.withLock { $0.size } }
-
-    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FSError) {
-        state.withLock { $0.changesInProgress += 1 }
-        defer {
-            state.withLock { s in
-                s.changesInProgress -= 1
-                s.generation += 1
-                if let parts = s.earlyParts, bytes.count > 0 {
-                    let first = Int(offset / parts.partSize)
-                    let last = Int((offset + Int64(bytes.count) - 1) / parts.partSize)
-                    for index in first...last { s.partGenerations[index] = s.generation }
-                }
-            }
-        }
-        var done = 0
-        while done < bytes.count {
-            let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw Spool.error("write to spool \(path)")
-            }
-            done += n
-        }
-        state.withLock { s in
-            s.size = max(s.size, offset + Int64(bytes.count))
-            s.dataDirty = true
-        }
-    }
-
-    func truncate(to size: Int64) throws(FSError) {
-        state.withLock { $0.changesInProgress += 1 }
-        defer {
-            state.withLock { s in
-                s.changesInProgress -= 1
-                s.generation += 1
-            }
-        }
-        guard ftruncate(fd, off_t(size)) == 0 else { throw Spool.error("truncate spool \(path)") }
-        state.withLock { s in
-            if let parts = s.earlyParts {
-                // Every part between the old and the new end changed.
-                let low = Int(min(size, s.size) / parts.partSize)
-                let high = Int(max(size, s.size) / parts.partSize)
-                for index in low...high { s.partGenerations[index] = s.generation + 1 }
-            }
-            s.size = size
-            s.dataDirty = true
-        }
-    }
-
-    /// Whether the spool holds exactly what it held at `generation` (no change since, none under way).
-    func isUnchanged(since generation: UInt64) -> Bool {
-        state.withLock { $0.generation == generation && $0.changesInProgress == 0 }
-    }
-
-    func markMetadataDirty() {
-        state.withLock { s in
-            s.metadataDirty = true
-            s.generation += 1
-        }
-    }
-
-    func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
-        let size = self.size
-        guard offset < size, length > 0 else {
-            reply(UnsafeRawBufferPointer(start: nil, count: 0))
-            return
-        }
-        let count = Int(min(Int64(length), size - offset))
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
-        defer { buffer.deallocate() }
-        var done = 0
-        while done < count {
-            let n = pread(fd, buffer.baseAddress! + done, count - done, off_t(offset + Int64(done)))
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 { throw Spool.error("read spool \(path)") }
-            if n == 0 { break }
-            done += n
-        }
-        reply(UnsafeRawBufferPointer(rebasing: buffer[0..<done]))
-    }
-
-    /// Closes and deletes the spool.
-    func discard() {
-        close(fd)
-        Spool.remove(dataPath: path)
-    }
-}
-
 /// A lock whose only job is to serialise a sequence of operations (held across network I/O on
 /// purpose; it guards no data, so it cannot be the kind of lock STYLE forbids holding there).
 final class SerialLock: Sendable {
-    private let mutex = Mutex<Void>(())
+    private let mutex = Locked<Void>(())
 
     func withLock<T, E: Error>(_ body: (inout Void) throws(E) -> T) throws(E) -> T {
         try mutex.withLock { (value: inout Void) throws(E) -> T in try body(&value) }

@@ -98,6 +98,8 @@ public struct FilesystemConfiguration: Sendable {
     public var metadataPrefetchLimit: Int = 10_000
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
+    /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).
+    public var backgroundThreads: Int = 32
     /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).
     public var pendingRetrySeconds: Double = 2
     /// The clock cache ages are measured on, in seconds (nil: the monotonic clock). Tests set it

@@ -1,4 +1,5 @@
 import Dispatch
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -19,6 +20,7 @@ import Glibc
 /// 3. A failed upload deletes the parts it wrote; the spool keeps the bytes.
 struct Uploader {
     let store: any ObjectStore
+    let pool: BackgroundPool
     let threshold: Int64
     let partSize: Int64
     let concurrency: Int
@@ -53,10 +55,10 @@ struct Uploader {
         for index in sent.keys where index >= count {
             try? store.delete(key: partPrefix + Uploader.partName(index + 1))
         }
-        let etags = Mutex<[String?]>(reused)
+        let etags = Locked<[String?]>(reused)
         let store = self.store
         let missing = (0..<count).filter { reused[$0] == nil }
-        let failure = Concurrently.forEach(missing.count, width: concurrency) { (position) throws(ObjectStoreError) in
+        let failure = pool.forEach(missing.count, width: concurrency) { (position) throws(ObjectStoreError) in
             let index = missing[position]
             let offset = Int64(index) * partSize
             let etag = try store.putPart(
@@ -114,7 +116,7 @@ struct Uploader {
     func deleteAll(prefix: String) {
         guard let keys = try? store.listAll(prefix: prefix, delimiter: nil).map(\.name) else { return }
         let store = self.store
-        _ = Concurrently.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
+        _ = pool.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
             _ = try? store.delete(key: keys[index])
         }
     }

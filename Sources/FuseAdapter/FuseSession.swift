@@ -113,7 +113,9 @@ public final class FuseSession {
         // Page-cache stores must be over before the session is destroyed; unmounted, the
         // kernel fails any of them at once.
         adapter.filesystem.kernelCache.uninstall()
-        adapter.filesystem.stopPrefetching()
+        if !adapter.filesystem.shutdown(deadline: 30) {
+            adapter.logger.warning("background work still running after 30 s at unmount: abandoned")
+        }
         return rc
     }
 }

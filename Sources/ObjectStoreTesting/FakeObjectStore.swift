@@ -1,3 +1,4 @@
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -44,7 +45,7 @@ public final class FakeObjectStore: ObjectStore {
     static let tick = 1.25
     public let containerName: String
     /// Protects objects and counts.
-    private let state = Mutex<(objects: [String: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
+    private let state = Locked<(objects: [String: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
 
     public init(containerName: String = "fake-container") {
         self.containerName = containerName

@@ -1,3 +1,4 @@
+import Locking
 import ObjectStore
 import Synchronization
 
@@ -34,11 +35,11 @@ public final class FaultInjectingStore: ObjectStore {
 
     public let wrapped: any ObjectStore
     /// Protects the decision and the call counts.
-    private let state: Mutex<(decide: @Sendable (Call) -> Fault, counts: [Call.Operation: Int], injected: [Call])>
+    private let state: Locked<(decide: @Sendable (Call) -> Fault, counts: [Call.Operation: Int], injected: [Call])>
 
     public init(_ wrapped: any ObjectStore, decide: @escaping @Sendable (Call) -> Fault = { _ in .none }) {
         self.wrapped = wrapped
-        state = Mutex((decide, [:], []))
+        state = Locked((decide, [:], []))
     }
 
     /// Replaces the decision (from now on; counts keep running).
@@ -46,7 +47,7 @@ public final class FaultInjectingStore: ObjectStore {
 
     /// Fails the next `count` calls of `operation` with `fault`, then passes everything.
     public func failNext(_ operation: Call.Operation, count: Int = 1, with fault: Fault = .before(.transient)) {
-        let remaining = Mutex(count)
+        let remaining = Locked(count)
         inject { call in
             guard call.operation == operation else { return .none }
             return remaining.withLock { n in

@@ -1,9 +1,10 @@
 import BlockCache
 import Foundation
+import Locking
 import Logging
-import Synchronization
 import ObjectStore
 import ObjectStoreTesting
+import Synchronization
 import Testing
 
 @testable import FileSystem
@@ -96,7 +97,7 @@ struct FilesystemCacheTests {
         let data = content(8 * Self.block)
         store.seed("f", data)
         let fs = makeFilesystem(store)
-        let stored = Mutex<[(InodeNumber, Int64, [UInt8])]>([])
+        let stored = Locked<[(InodeNumber, Int64, [UInt8])]>([])
         let done = DispatchSemaphore(value: 0)
         fs.kernelCache.install(
             store: { inode, offset, bytes in
@@ -136,7 +137,7 @@ struct FilesystemCacheTests {
         store.seed("f", data)
         let fs = makeFilesystem(store)
         _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
-        let results = Mutex<[Int: [UInt8]]>([:])
+        let results = Locked<[Int: [UInt8]]>([:])
         DispatchQueue.concurrentPerform(iterations: 8) { reader in
             // Half read sequentially in odd-sized chunks, half jump around.
             let bytes: [UInt8]

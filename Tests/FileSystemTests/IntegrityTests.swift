@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -139,7 +140,7 @@ struct IntegrityTests {
         let fake = FakeObjectStore()
         let inPut = DispatchSemaphore(value: 0)
         let gate = DispatchSemaphore(value: 0)
-        let armed = Mutex(true)
+        let armed = Locked(true)
         let store = FaultInjectingStore(fake) { call in
             if call.operation == .put, call.key == "f", armed.withLock({ let was = $0; $0 = false; return was }) {
                 inPut.signal()

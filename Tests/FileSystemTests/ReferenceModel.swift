@@ -1,4 +1,5 @@
 import Foundation
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -8,7 +9,7 @@ import Synchronization
 
 /// A clock the test moves: cache ages (`dir_timeout`, `attr_timeout`) pass without waiting.
 final class ManualClock: Sendable {
-    private let seconds = Mutex<Double>(1_000)
+    private let seconds = Locked<Double>(1_000)
     var now: Double { seconds.withLock { $0 } }
     func advance(_ by: Double) { seconds.withLock { $0 += by } }
 }

@@ -1,0 +1,273 @@
+import Locking
+import ObjectStore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The life of one spool, as a state machine that does no I/O: events (a handle attaches or
+/// closes, an upload ends, the file is removed, a retry is due) change the state and return what
+/// the owner must do. `SpoolFile` holds it under its lock; `Filesystem` carries the actions out.
+/// Nothing else changes it. (swift-nio's NIOAsyncWriter.StateMachine is the pattern.)
+///
+///     active --last close, changed--> (upload) --ok--> retired
+///        |                               `--failed--> pending --retry ok--> retired
+///        `--unlink / replaced--> removed --last close--> retired
+///
+/// The note that journals an owed upload is written on every failed upload (before the writer
+/// hears EIO) and removed when the upload succeeds or the file is removed.
+struct SpoolState: Equatable {
+    enum Phase: Equatable {
+        /// Stored at flush, fsync and the last close whenever it changed.
+        case active
+        /// An upload failed after the last handle closed: a retry is scheduled (`tries` so far).
+        case pending(tries: Int)
+        /// Unlinked or replaced by a rename: no name leads to it, it is never uploaded again.
+        case removed
+        /// Dropped by its owner; the spool file is gone. Nothing attaches to it any more.
+        case retired
+    }
+
+    private(set) var phase = Phase.active
+    private(set) var writers = 0
+    private(set) var readers = 0
+
+    var size: Int64
+    /// Bytes changed since the last successful upload (or never uploaded).
+    var dataDirty: Bool
+    /// Mode, owner or time changed since the last successful upload.
+    var metadataDirty = false
+    /// Bumped by every change, so an upload knows whether it stored the latest state.
+    var generation: UInt64 = 0
+    /// Writes or truncations under way (their bytes may be in the file before `generation` moves).
+    var changesInProgress = 0
+    /// Parts uploaded while the file is written (see `EarlyParts`), and the generation of the
+    /// last write into each part.
+    var earlyParts: EarlyParts? = nil
+    var partGenerations: [Int: UInt64] = [:]
+
+    init(size: Int64, dataDirty: Bool) {
+        self.size = size
+        self.dataDirty = dataDirty
+    }
+
+    static func == (a: SpoolState, b: SpoolState) -> Bool {
+        a.phase == b.phase && a.writers == b.writers && a.readers == b.readers && a.size == b.size
+            && a.dataDirty == b.dataDirty && a.metadataDirty == b.metadataDirty && a.generation == b.generation
+    }
+
+    var isIdle: Bool { writers == 0 && readers == 0 }
+    var isDirty: Bool { dataDirty || metadataDirty }
+    var isRemoved: Bool { phase == .removed || phase == .retired }
+
+    /// Whether an upload now would store something (changed, and a name still leads to it).
+    var needsUpload: Bool { isDirty && !isRemoved }
+
+    /// A handle opens on the spool. False when it is retired: the caller makes a new one.
+    mutating func attach(writable: Bool) -> Bool {
+        guard phase != .retired else { return false }
+        if writable { writers += 1 } else { readers += 1 }
+        return true
+    }
+
+    enum Release: Equatable {
+        /// Other handles remain, or a scheduled retry owns the upload.
+        case keep
+        /// The last handle closed on changed bytes: upload, then `uploaded`/`uploadFailed`.
+        case upload
+        /// Nothing is owed: retire the spool.
+        case retire
+    }
+
+    /// A handle closes.
+    mutating func detach(writable: Bool) -> Release {
+        if writable {
+            precondition(writers > 0, "INTERNAL ERROR: a spool closed by more writers than it had")
+            writers -= 1
+        } else {
+            precondition(readers > 0, "INTERNAL ERROR: a spool closed by more readers than it had")
+            readers -= 1
+        }
+        guard isIdle else { return .keep }
+        switch phase {
+        case .pending, .retired: return .keep
+        case .removed: return .retire
+        case .active: return isDirty ? .upload : .retire
+        }
+    }
+
+    /// An upload of the state at `generation` succeeded. Returns whether the spool can retire.
+    mutating func uploaded(generation stored: UInt64) -> Bool {
+        if generation == stored && changesInProgress == 0 {
+            dataDirty = false
+            metadataDirty = false
+        }
+        if case .pending = phase { phase = .active }
+        return isIdle && !isDirty && phase == .active
+    }
+
+    enum Failure: Equatable {
+        /// Keep the bytes; a handle is still open (its next flush tries again), or a retry is
+        /// scheduled already.
+        case keep
+        /// The last handle is gone: schedule retry number `tries`.
+        case scheduleRetry(tries: Int)
+        /// Removed meanwhile: nothing is owed.
+        case retire
+    }
+
+    /// An upload failed (the note is written whatever this returns, unless removed).
+    mutating func uploadFailed() -> Failure {
+        switch phase {
+        case .removed: return isIdle ? .retire : .keep
+        case .retired: return .keep
+        case .pending: return .keep
+        case .active:
+            guard isIdle else { return .keep }
+            phase = .pending(tries: 1)
+            return .scheduleRetry(tries: 1)
+        }
+    }
+
+    /// A scheduled retry is due: whether to upload now.
+    func retryIsDue() -> Bool {
+        if case .pending = phase { return true }
+        return false
+    }
+
+    /// The scheduled retry failed again: schedule the next one.
+    mutating func retryFailed() -> Failure {
+        guard case .pending(let tries) = phase else { return isIdle && phase == .removed ? .retire : .keep }
+        phase = .pending(tries: tries + 1)
+        return .scheduleRetry(tries: tries + 1)
+    }
+
+    /// The file was unlinked or replaced. Returns the early parts to discard, and whether the
+    /// spool can retire now.
+    mutating func remove() -> (early: EarlyParts?, retire: Bool) {
+        guard phase != .retired else { return (nil, false) }
+        phase = .removed
+        let early = earlyParts
+        earlyParts = nil
+        partGenerations = [:]
+        return (early, isIdle)
+    }
+
+    /// The owner drops the spool: only when idle and nothing is owed. Returns whether it did.
+    mutating func retire() -> Bool {
+        guard isIdle, phase == .removed || (phase == .active && !isDirty) else { return false }
+        phase = .retired
+        return true
+    }
+}
+
+/// A file open for writing (or closed with its upload still owed): its spool file and its
+/// `SpoolState`.
+final class SpoolFile: Sendable {
+    let inode: InodeNumber
+    let path: String
+    let fd: Int32
+
+    /// Protects the state (lock 4 of the LOCKING block in Filesystem.swift).
+    let state: Locked<SpoolState>
+    /// Serialises uploads of this file (lock 1 of the LOCKING block in Filesystem.swift).
+    let uploadLock = SerialLock()
+
+    init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool) {
+        self.inode = inode
+        self.path = path
+        self.fd = fd
+        self.state = Locked(SpoolState(size: size, dataDirty: dirty))
+    }
+
+    var size: Int64 { state.withLock { $0.size } }
+
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FSError) {
+        state.withLock { $0.changesInProgress += 1 }
+        defer {
+            state.withLock { s in
+                s.changesInProgress -= 1
+                s.generation += 1
+                if let parts = s.earlyParts, bytes.count > 0 {
+                    let first = Int(offset / parts.partSize)
+                    let last = Int((offset + Int64(bytes.count) - 1) / parts.partSize)
+                    for index in first...last { s.partGenerations[index] = s.generation }
+                }
+            }
+        }
+        var done = 0
+        while done < bytes.count {
+            let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Spool.error("write to spool \(path)")
+            }
+            done += n
+        }
+        state.withLock { s in
+            s.size = max(s.size, offset + Int64(bytes.count))
+            s.dataDirty = true
+        }
+    }
+
+    func truncate(to size: Int64) throws(FSError) {
+        state.withLock { $0.changesInProgress += 1 }
+        defer {
+            state.withLock { s in
+                s.changesInProgress -= 1
+                s.generation += 1
+            }
+        }
+        guard ftruncate(fd, off_t(size)) == 0 else { throw Spool.error("truncate spool \(path)") }
+        state.withLock { s in
+            if let parts = s.earlyParts {
+                // Every part between the old and the new end changed.
+                let low = Int(min(size, s.size) / parts.partSize)
+                let high = Int(max(size, s.size) / parts.partSize)
+                for index in low...high { s.partGenerations[index] = s.generation + 1 }
+            }
+            s.size = size
+            s.dataDirty = true
+        }
+    }
+
+    /// Whether the spool holds exactly what it held at `generation` (no change since, none under way).
+    func isUnchanged(since generation: UInt64) -> Bool {
+        state.withLock { $0.generation == generation && $0.changesInProgress == 0 }
+    }
+
+    func markMetadataDirty() {
+        state.withLock { s in
+            s.metadataDirty = true
+            s.generation += 1
+        }
+    }
+
+    func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
+        let size = self.size
+        guard offset < size, length > 0 else {
+            reply(UnsafeRawBufferPointer(start: nil, count: 0))
+            return
+        }
+        let count = Int(min(Int64(length), size - offset))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
+        defer { buffer.deallocate() }
+        var done = 0
+        while done < count {
+            let n = pread(fd, buffer.baseAddress! + done, count - done, off_t(offset + Int64(done)))
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 { throw Spool.error("read spool \(path)") }
+            if n == 0 { break }
+            done += n
+        }
+        reply(UnsafeRawBufferPointer(rebasing: buffer[0..<done]))
+    }
+
+    /// Closes and deletes the spool.
+    func discard() {
+        close(fd)
+        Spool.remove(dataPath: path)
+    }
+}
+
