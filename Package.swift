@@ -92,7 +92,7 @@ let package = Package(
         .testTarget(name: "MountCSSPTests", dependencies: ["MountCSSPConfig"]),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig"]
+            dependencies: ["ObjectStore", "ObjectStoreHTTP", "ObjectStoreTesting", "MountCSSPConfig"]
         ),
     ],
     swiftLanguageModes: [.v6]

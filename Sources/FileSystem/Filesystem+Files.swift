@@ -134,14 +134,19 @@ extension Filesystem {
     }
 
     /// A new spool for `node`, holding the object's current bytes when `download` is set.
+    ///
+    /// The object is always fetched: a size of 0 may come from a listing (a DLO manifest lists as
+    /// 0 bytes) or from a version already replaced, and appending to an empty spool would then
+    /// replace real content. The bytes are checked against the length the GET announced.
     func makeSpool(for node: Node, download: Bool) throws(FSError) -> SpoolFile {
         let (path, fd) = try spool.create()
-        let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: !download)
-        guard download && node.size > 0 else { return open }
+        let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: !download, baseETag: node.etag)
+        guard download else { return open }
         var offset: Int64 = 0
         var failure: FSError? = nil
+        let info: ObjectInfo
         do {
-            _ = try store.get(key: node.key, range: nil) { bytes in
+            info = try store.get(key: node.key, range: nil) { bytes in
                 guard failure == nil else { return }
                 var done = 0
                 while done < bytes.count {
@@ -163,7 +168,15 @@ extension Filesystem {
             open.discard()
             throw failure
         }
-        open.state.withLock { $0.size = offset }
+        guard offset == info.size else {
+            open.discard()
+            throw FSError(
+                .ioError, "open for writing '\(node.key)': the server sent \(offset) of \(info.size) bytes; try again")
+        }
+        open.state.withLock { o in
+            o.size = offset
+            o.baseETag = info.etag
+        }
         return open
     }
 
@@ -185,7 +198,8 @@ extension Filesystem {
             let (spool, node) = state.withLock { ($0.openFiles[inode], $0.inodes[inode]) }
             if let spool { return try spool.read(offset: offset, length: length, reply: reply) }
             var current = reader
-            if let node, node.localVersion != version {
+            // Renamed (the file, or a directory above it): the same object under its new key.
+            if let node, node.localVersion != version || (node.linked && node.key != reader.key) {
                 guard node.linked else {
                     throw FSError(.stale, "read of '\(node.key)': the file was removed after it changed here")
                 }
@@ -256,6 +270,7 @@ extension Filesystem {
     private func detach(_ open: SpoolFile, writable: Bool) {
         switch open.state.withLock({ $0.detach(writable: writable) }) {
         case .keep: return
+        case .journal: renewNote(open)
         case .retire: retire(open)
         case .upload:
             do {
@@ -282,6 +297,7 @@ extension Filesystem {
         }
         switch open.state.withLock({ $0.detach(writable: true) }) {
         case .keep: break
+        case .journal: renewNote(open)
         case .retire: retire(open)
         case .upload:
             do {
@@ -322,7 +338,7 @@ extension Filesystem {
     private func retryUpload(_ open: SpoolFile) {
         guard open.state.withLock({ $0.retryIsDue() }) else { return }
         do {
-            try commit(open)
+            try commit(open, owed: true)
             logger.notice("stored \(open.path) after an earlier failure")
             retire(open)
         } catch {
@@ -336,8 +352,45 @@ extension Filesystem {
     /// failure.
     private func writeNote(_ open: SpoolFile, for node: Node) {
         let (contentType, metadata) = storedForm(of: node)
+        let base = open.state.withLock { $0.baseETag }
         Spool.writePendingNote(
-            dataPath: open.path, upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata))
+            dataPath: open.path,
+            upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base))
+    }
+
+    /// Rewrites the note of an owed spool with the node's attributes as they are now.
+    private func renewNote(_ open: SpoolFile) {
+        guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
+        writeNote(open, for: node)
+    }
+
+    /// Where an owed upload of bytes that replace `base` goes: `key` while the object there is
+    /// still that version (or still absent for a new name), else a conflict copy beside it, so
+    /// that neither another client's newer version nor ours is lost.
+    func destinationForOwedUpload(key: String, base: String) throws(ObjectStoreError) -> String {
+        let current: String?
+        do {
+            current = try store.head(key: key).etag
+        } catch where error.code == .notFound {
+            current = nil
+        }
+        if current == (base.isEmpty ? nil : base) { return key }
+        let conflict = Self.conflictKey(for: key, at: Timestamp.now())
+        let change = current == nil ? "deleted" : "replaced"
+        logger.warning(
+            "conflict: '\(key)' was \(change) by another client since this mount wrote it; storing this mount's version as '\(conflict)'")
+        return conflict
+    }
+
+    /// `KEY.cssp-conflict-YYYYMMDDTHHMMSSZ`, in UTC.
+    static func conflictKey(for key: String, at time: Timestamp) -> String {
+        var seconds = time_t(time.seconds)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        let stamp = "\(parts.tm_year + 1900)\(two(parts.tm_mon + 1))\(two(parts.tm_mday))T"
+            + "\(two(parts.tm_hour))\(two(parts.tm_min))\(two(parts.tm_sec))Z"
+        return key + ".cssp-conflict-" + stamp
     }
 
     /// The content type and metadata headers that store `node`'s attributes.
@@ -345,16 +398,27 @@ extension Filesystem {
         (node.stored.contentType(base: node.baseContentType), node.stored.metadata(mergedInto: node.extraMetadata))
     }
 
-    /// Uploads the spool (or only its metadata) if it changed since the last upload.
-    func commit(_ open: SpoolFile) throws(FSError) {
-        try open.uploadLock.withLock { (_: inout Void) throws(FSError) in try commitLocked(open) }
+    /// Uploads the spool (or only its metadata) if it changed since the last upload. `owed`: a
+    /// retry of a failed upload, which first checks that nobody else changed the object.
+    func commit(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
+        try open.uploadLock.withLock { (_: inout Void) throws(FSError) in try commitLocked(open, owed: owed) }
     }
 
     /// `commit`, for a caller that holds the spool's upload lock.
-    func commitLocked(_ open: SpoolFile) throws(FSError) {
+    func commitLocked(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
         let snapshot = open.state.withLock { $0 }
         if !snapshot.needsUpload { return }
         guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
+        if owed && snapshot.dataDirty {
+            let destination: String
+            do {
+                destination = try destinationForOwedUpload(key: node.key, base: snapshot.baseETag)
+            } catch {
+                if !open.state.withLock({ $0.isRemoved }) { writeNote(open, for: node) }
+                throw FSError(storeError: error, operation: "upload", path: node.key)
+            }
+            if destination != node.key { return try storeConflictCopy(open, snapshot: snapshot, node: node, at: destination) }
+        }
         let (contentType, metadata) = storedForm(of: node)
         var etag = node.etag
         var manifest = node.manifest
@@ -385,7 +449,10 @@ extension Filesystem {
             throw FSError(storeError: error, operation: "upload", path: node.key)
         }
         Spool.removeNote(dataPath: open.path)
-        _ = open.state.withLock { $0.uploaded(generation: snapshot.generation) }
+        _ = open.state.withLock { o in
+            if snapshot.dataDirty { o.baseETag = etag }
+            return o.uploaded(generation: snapshot.generation)
+        }
         state.withLock { s in
             let updated = s.inodes.update(open.inode) { current in
                 current.size = snapshot.size
@@ -401,6 +468,25 @@ extension Filesystem {
         }
         if snapshot.dataDirty {
             seedCache(from: open, generation: snapshot.generation, size: snapshot.size, key: node.key, etag: etag)
+        }
+    }
+
+    /// Stores an owed spool under a conflict name (the object at its own name changed); the name
+    /// then shows the other client's version again.
+    private func storeConflictCopy(_ open: SpoolFile, snapshot: SpoolState, node: Node, at key: String) throws(FSError) {
+        let (contentType, metadata) = storedForm(of: node)
+        do {
+            _ = try uploader.upload(
+                path: open.path, size: snapshot.size, key: key, contentType: contentType, metadata: metadata)
+        } catch {
+            writeNote(open, for: node)
+            throw FSError(storeError: error, operation: "upload (conflict copy)", path: key)
+        }
+        Spool.removeNote(dataPath: open.path)
+        _ = open.state.withLock { $0.uploaded(generation: snapshot.generation) }
+        state.withLock { s in
+            s.inodes.update(open.inode) { $0.confirmedAt = 0 }
+            s.directories.drop(node.parent)
         }
     }
 
@@ -551,24 +637,28 @@ extension Filesystem {
 
     // MARK: Recovery
 
-    /// Uploads spools that an earlier process could not store, and removes abandoned ones.
+    /// Stores what earlier processes owed (their notes), as conflict copies where another client
+    /// changed the object meanwhile; keeps data files without a note in `lost+found/`.
     public func recoverPendingUploads() {
-        let (pending, abandoned) = spool.leftovers()
-        for path in abandoned {
-            logger.warning("removing \(path): an unfinished write of an earlier mount that no close confirmed")
-            Spool.remove(dataPath: path)
-        }
-        for (path, upload) in pending {
+        for (path, upload) in spool.leftovers {
+            guard let upload else {
+                let kept = Spool.keepLost(dataPath: path)
+                let place = kept ?? path
+                logger.warning(
+                    "bytes of an earlier mount that no close acknowledged as stored: not uploaded, kept in \(place) (delete it when it is not needed)")
+                continue
+            }
             var st = stat()
             guard stat(path, &st) == 0 else { continue }
-            let key = upload.key
             do {
+                var key = upload.key
+                if let base = upload.base { key = try destinationForOwedUpload(key: key, base: base) }
                 _ = try uploader.upload(
                     path: path, size: Int64(st.st_size), key: key, contentType: upload.contentType, metadata: upload.metadata)
                 Spool.remove(dataPath: path)
-                logger.notice("stored '\(key)' from \(path), left by an earlier mount")
+                logger.notice("stored '\(key)' from \(path), owed by an earlier mount")
             } catch {
-                logger.error("cannot store '\(key)' from \(path) yet: \(error); it stays for the next mount")
+                logger.error("cannot store '\(upload.key)' from \(path) yet: \(error); it stays for the next mount")
             }
         }
     }

@@ -50,7 +50,7 @@ extension Filesystem {
             node.stored = newAttributes(mode: mode, caller: caller)
             node.baseContentType = "application/octet-stream"
             node = insert(node, in: &s)
-            let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true)
+            let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true, baseETag: "")
             _ = open.state.withLock { $0.attach(writable: true) }
             s.openFiles[node.inode] = open
             s.inodes.pin(node.inode)

@@ -8,20 +8,28 @@ import Glibc
 /// The spool directory: one local file per file open for writing, uploaded at close/fsync.
 ///
 /// Subtleties:
-/// 1. The bytes of a file whose upload failed stay here (with a `.pending` note naming the key,
-///    content type and metadata: mode, owner, mtime) until they are stored; a later mount of the
-///    same container retries them first, with the same attributes.
+/// 1. The bytes of a file whose upload failed stay here, with a `.pending` note (the journal)
+///    naming the key, content type, metadata (mode, owner, mtime) and the ETag the bytes replace;
+///    a later mount of the same container stores them, with the same attributes, or as a
+///    conflict copy when another client changed the object meanwhile.
 /// 2. A full disk is ENOSPC from `write`, not a lost close: every write goes to the spool first.
-/// 3. Spool files of an earlier process without a `.pending` note were never acknowledged to a
-///    writer (no successful close), so they are removed at start.
+/// 3. Spool files of an earlier process without a note were never acknowledged as stored; they
+///    are not uploaded, but kept in `lost+found/` (a note may have failed to be written on a
+///    full disk) and logged. What is found is found when the directory is taken, before this
+///    process makes files of its own there.
+/// 4. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
+///    directories once their process is gone (their lock is free) and recovers them too.
 final class Spool: Sendable {
     let directory: String
-    /// The descriptor holding the directory's lock (-1 once released).
-    private let lockDescriptor: Atomic<Int32>
+    /// The descriptors holding the locks of `directory` and of adopted directories (empty once
+    /// released).
+    private let lockDescriptors: Locked<[Int32]>
+    /// What earlier processes left in `directory` and the adopted directories (data path, note).
+    let leftovers: [(data: String, upload: PendingUpload?)]
 
-    /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until exit). When
-    /// another live mount of the same URL holds it, a private `directory.PID` is used instead, so
-    /// neither mount ever touches the other's spool files.
+    /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until `unlock`).
+    /// When another live mount of the same URL holds it, a private `directory.PID` is used instead,
+    /// so neither mount ever touches the other's spool files.
     init(directory requested: String) throws(FSError) {
         var directory = requested
         guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
@@ -33,13 +41,64 @@ final class Spool: Sendable {
             guard fd >= 0 else { throw Spool.unusable(directory) }
         }
         self.directory = directory
-        lockDescriptor = Atomic(fd)
+        var locks = [fd]
+        var found = Spool.scan(directory)
+        for sibling in Spool.siblings(of: requested) where sibling != directory {
+            let siblingLock = Spool.lock(sibling)
+            guard siblingLock >= 0 else { continue }  // its mount is alive
+            locks.append(siblingLock)
+            found += Spool.scan(sibling)
+        }
+        leftovers = found
+        lockDescriptors = Locked(locks)
     }
 
-    /// Gives the directory up (at unmount), so that a later `Filesystem` in this process can take it.
+    /// Gives the directories up (at unmount), so that a later `Filesystem` can take them.
     func unlock() {
-        let fd = lockDescriptor.exchange(-1, ordering: .relaxed)
-        if fd >= 0 { close(fd) }
+        for fd in lockDescriptors.withLock({ fds in defer { fds = [] }; return fds }) { close(fd) }
+    }
+
+    /// `requested.PID` directories beside `requested`.
+    private static func siblings(of requested: String) -> [String] {
+        let parent = requested.lastIndex(of: "/").map { String(requested[..<$0]) } ?? "."
+        let base = requested.split(separator: "/").last.map(String.init) ?? requested
+        return entries(of: parent).filter { name in
+            name.hasPrefix(base + ".") && name.dropFirst(base.count + 1).allSatisfy(\.isNumber)
+        }.map { parent + "/" + $0 }
+    }
+
+    private static func entries(of directory: String) -> [String] {
+        guard let dir = opendir(directory) else { return [] }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            names.append(withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) })
+        }
+        return names
+    }
+
+    /// Data files in `directory` with their notes (nil: no note), oldest name first.
+    private static func scan(_ directory: String) -> [(data: String, upload: PendingUpload?)] {
+        var data: [String] = []
+        var notes: [String: String] = [:]
+        for name in entries(of: directory) {
+            if name.hasSuffix(".data") { data.append(name) }
+            if name.hasSuffix(".pending.new") { unlink(directory + "/" + name) }  // a note never finished
+            if name.hasSuffix(".pending") {
+                notes[String(name.dropLast(".pending".count)) + ".data"] = Spool.read(directory + "/" + name)
+            }
+        }
+        return data.sorted().map { name in (directory + "/" + name, notes[name].flatMap(PendingUpload.init(decoding:))) }
+    }
+
+    /// Moves a data file no note describes to `lost+found/` beside it; returns the new path.
+    static func keepLost(dataPath: String) -> String? {
+        let parent = dataPath.lastIndex(of: "/").map { String(dataPath[..<$0]) } ?? "."
+        let name = dataPath.split(separator: "/").last.map(String.init) ?? dataPath
+        let lost = parent + "/lost+found"
+        guard makeDirectories(lost) else { return nil }
+        let destination = lost + "/" + name
+        return rename(dataPath, destination) == 0 ? destination : nil
     }
 
     private static func unusable(_ directory: String) -> FSError {
@@ -85,19 +144,26 @@ final class Spool: Sendable {
         var key: String
         var contentType: String
         var metadata: [String: String]
+        /// The ETag of the object the spool's bytes replace ("" for a new name); nil in notes
+        /// written before it was kept. An object found with another ETag (or gone) was changed
+        /// by another client meanwhile: the bytes then go to a conflict copy.
+        var base: String?
 
         /// Fields separated by NUL, which neither keys nor headers contain: the key, the content
-        /// type, then `name=value` per metadata header. A note holding only a key (as written
-        /// before attributes were kept) is read with the default content type.
+        /// type, then `name=value` per metadata header, and `@base=ETAG` (`@` is no header
+        /// character). A note holding only a key (as written before attributes were kept) is read
+        /// with the default content type.
         var encoded: [UInt8] {
-            let fields = [key, contentType] + metadata.sorted { $0.key < $1.key }.map { $0.key + "=" + $0.value }
+            var fields = [key, contentType] + metadata.sorted { $0.key < $1.key }.map { $0.key + "=" + $0.value }
+            if let base { fields.append("@base=" + base) }
             return Array(fields.joined(separator: "\0").utf8)
         }
 
-        init(key: String, contentType: String, metadata: [String: String]) {
+        init(key: String, contentType: String, metadata: [String: String], base: String?) {
             self.key = key
             self.contentType = contentType
             self.metadata = metadata
+            self.base = base
         }
 
         init?(decoding text: String) {
@@ -108,36 +174,11 @@ final class Spool: Sendable {
             metadata = [:]
             for field in fields.dropFirst(2) {
                 guard let equals = field.firstIndex(of: "=") else { continue }
-                metadata[String(field[..<equals])] = String(field[field.index(after: equals)...])
+                let name = String(field[..<equals])
+                let value = String(field[field.index(after: equals)...])
+                if name == "@base" { base = value } else { metadata[name] = value }
             }
         }
-    }
-
-    /// Files of earlier processes: pending uploads and abandoned data files.
-    func leftovers() -> (pending: [(data: String, upload: PendingUpload)], abandoned: [String]) {
-        guard let dir = opendir(directory) else { return ([], []) }
-        defer { closedir(dir) }
-        var data: Set<String> = []
-        var notes: [String: String] = [:]
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-            if name.hasSuffix(".data") { data.insert(name) }
-            if name.hasSuffix(".pending.new") { unlink(directory + "/" + name) }  // a note never finished
-            if name.hasSuffix(".pending") {
-                let base = String(name.dropLast(".pending".count))
-                notes[base + ".data"] = Spool.read(directory + "/" + name)
-            }
-        }
-        var pending: [(String, PendingUpload)] = []
-        var abandoned: [String] = []
-        for name in data.sorted() {
-            if let note = notes[name], let upload = PendingUpload(decoding: note) {
-                pending.append((directory + "/" + name, upload))
-            } else {
-                abandoned.append(directory + "/" + name)
-            }
-        }
-        return (pending, abandoned)
     }
 
     static func read(_ path: String) -> String? {

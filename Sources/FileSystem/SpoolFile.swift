@@ -46,10 +46,14 @@ struct SpoolState: Equatable {
     /// last write into each part.
     var earlyParts: EarlyParts? = nil
     var partGenerations: [Int: UInt64] = [:]
+    /// The ETag of the object these bytes replace ("" for a new name): an owed upload checks it
+    /// first, so that another client's newer version is never overwritten (see `Spool`).
+    var baseETag: String
 
-    init(size: Int64, dataDirty: Bool) {
+    init(size: Int64, dataDirty: Bool, baseETag: String = "") {
         self.size = size
         self.dataDirty = dataDirty
+        self.baseETag = baseETag
     }
 
     static func == (a: SpoolState, b: SpoolState) -> Bool {
@@ -72,8 +76,11 @@ struct SpoolState: Equatable {
     }
 
     enum Release: Equatable {
-        /// Other handles remain, or a scheduled retry owns the upload.
+        /// Other handles remain.
         case keep
+        /// The last handle closed on a spool whose upload a scheduled retry owns: its note must
+        /// describe what changed meanwhile (attributes set, bytes written through a new handle).
+        case journal
         /// The last handle closed on changed bytes: upload, then `uploaded`/`uploadFailed`.
         case upload
         /// Nothing is owed: retire the spool.
@@ -91,7 +98,8 @@ struct SpoolState: Equatable {
         }
         guard isIdle else { return .keep }
         switch phase {
-        case .pending, .retired: return .keep
+        case .pending: return .journal
+        case .retired: return .keep
         case .removed: return .retire
         case .active: return isDirty ? .upload : .retire
         }
@@ -174,11 +182,11 @@ final class SpoolFile: Sendable {
     /// Serialises uploads of this file (lock 1 of the LOCKING block in Filesystem.swift).
     let uploadLock = SerialLock()
 
-    init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool) {
+    init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {
         self.inode = inode
         self.path = path
         self.fd = fd
-        self.state = Locked(SpoolState(size: size, dataDirty: dirty))
+        self.state = Locked(SpoolState(size: size, dataDirty: dirty, baseETag: baseETag))
     }
 
     var size: Int64 { state.withLock { $0.size } }

@@ -44,16 +44,21 @@ struct Uploader {
                 key: key, body: .file(path: path, offset: 0, length: size), contentType: contentType, metadata: metadata)
             return Result(etag: etag, manifest: nil)
         }
-        let partSize = self.partSize
+        let partSize = Self.partSize(for: size, configured: self.partSize)
+        // Early parts of another size cannot serve (the file outgrew the part count).
+        if let unusable = early, unusable.partSize != partSize { deleteAll(prefix: unusable.partPrefix) }
+        let early = early.flatMap { $0.partSize == partSize ? $0 : nil }
         let partPrefix = early?.partPrefix ?? Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
         let count = Int((size + partSize - 1) / partSize)
         var reused: [String?] = Array(repeating: nil, count: count)
-        for (index, part) in sent where index < count && Int64(index + 1) * partSize <= size {
-            if part.generation == generations[index] ?? 0 { reused[index] = part.etag }
-        }
-        // Early parts past the end (the file shrank) would be concatenated by the manifest.
-        for index in sent.keys where index >= count {
-            try? store.delete(key: partPrefix + Uploader.partName(index + 1))
+        if early != nil {
+            for (index, part) in sent where index < count && Int64(index + 1) * partSize <= size {
+                if part.generation == generations[index] ?? 0 { reused[index] = part.etag }
+            }
+            // Early parts past the end (the file shrank) would be concatenated by the manifest.
+            for index in sent.keys where index >= count {
+                try? store.delete(key: partPrefix + Uploader.partName(index + 1))
+            }
         }
         let etags = Locked<[String?]>(reused)
         let store = self.store
@@ -66,17 +71,63 @@ struct Uploader {
                 body: .file(path: path, offset: offset, length: min(partSize, size - offset)))
             etags.withLock { $0[index] = etag }
         }
+        // The parts are checked before the manifest replaces the old version: a failure here
+        // deletes only the new parts, and the key keeps what it held.
+        let partETags: [String]
         do throws(ObjectStoreError) {
             if let failure { throw failure }
-            let partETags = etags.withLock { $0.compactMap { $0 } }
-            try store.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
-            let expected = store.manifestETag(partETags: partETags)
-            try verify(key: key, size: size, etag: expected)
-            return Result(etag: expected, manifest: store.containerName + "/" + partPrefix)
+            partETags = etags.withLock { $0.compactMap { $0 } }
+            try verifyParts(prefix: partPrefix, etags: partETags, size: size, partSize: partSize)
         } catch {
             deleteAll(prefix: partPrefix)
             throw error
         }
+        try store.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
+        let expected = store.manifestETag(partETags: partETags)
+        // The manifest names parts the listing already shows; this check only reports a server
+        // that disagrees (the parts stay: the manifest points at them now).
+        try verify(key: key, size: size, etag: expected)
+        return Result(etag: expected, manifest: store.containerName + "/" + partPrefix)
+    }
+
+    /// The most parts one upload makes: one listing page, so that they can be checked.
+    static let maximumParts: Int64 = 10_000
+
+    /// `configured`, grown (in whole MiB) when `size` would need more than `maximumParts` parts.
+    static func partSize(for size: Int64, configured: Int64) -> Int64 {
+        guard (size + configured - 1) / configured > maximumParts else { return configured }
+        let needed = (size + maximumParts - 1) / maximumParts
+        return (needed + (1 << 20) - 1) / (1 << 20) * (1 << 20)
+    }
+
+    /// Lists the part prefix until it shows exactly the parts of this upload with their ETags
+    /// and sizes (listings may lag behind fresh PUTs), a few times before giving up.
+    private func verifyParts(prefix: String, etags: [String], size: Int64, partSize: Int64) throws(ObjectStoreError) {
+        var delay: UInt32 = 100_000
+        var seen = ""
+        for attempt in 1...6 {
+            let listed = try store.list(prefix: prefix, delimiter: nil, marker: nil, limit: Int(Self.maximumParts) + 1)
+                .entries
+            var matches = listed.count == etags.count
+            if matches {
+                for (index, entry) in listed.enumerated() {
+                    guard case .object(let part) = entry, part.key == prefix + Self.partName(index + 1),
+                        part.etag == etags[index],
+                        part.size == min(partSize, size - Int64(index) * partSize)
+                    else {
+                        matches = false
+                        break
+                    }
+                }
+            }
+            if matches { return }
+            seen = "\(listed.count) of \(etags.count) parts as uploaded"
+            if attempt < 6 {
+                usleep(delay)
+                delay *= 2
+            }
+        }
+        throw ObjectStoreError(.invalidResponse, "the parts below '\(prefix)' do not list as uploaded (\(seen))")
     }
 
     private func verify(key: String, size: Int64, etag: String) throws(ObjectStoreError) {

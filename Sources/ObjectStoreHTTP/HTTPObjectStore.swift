@@ -209,18 +209,23 @@ public final class HTTPObjectStore: ObjectStore {
     {
         var attempt = 0
         var delivered: Int64 = 0
+        // The version whose bytes were delivered: a resumed GET must continue that version, or
+        // fail (412) rather than splice two versions of the object together.
+        var deliveredETag: String? = nil
         while true {
             attempt += 1
             var current = request
             if delivered > 0 {
                 let start = (request.range?.lower ?? 0) + delivered
                 current.range = ByteRange(lower: start, upper: request.range?.upper ?? Int64.max - 1)
+                if let deliveredETag { current.headers.append(("If-Match", deliveredETag)) }
             }
             let outcome = performOnce(current, sink: sink)
             switch outcome {
             case .success(let response):
                 return response
             case .failure(let failure):
+                if delivered == 0 && failure.delivered > 0 { deliveredETag = failure.versionETag }
                 delivered += failure.delivered
                 let error = failure.error
                 guard error.isRetryable, attempt < configuration.maxAttempts else { throw error }
@@ -245,6 +250,9 @@ public final class HTTPObjectStore: ObjectStore {
         var error: ObjectStoreError
         /// Body bytes handed to the sink before the failure.
         var delivered: Int64
+        /// The ETag of the response whose bytes were delivered, when it names one version (not a
+        /// DLO, whose ETag is computed per response and cannot be matched).
+        var versionETag: String? = nil
     }
 
     private func url(for request: Request) -> String {
@@ -336,7 +344,8 @@ public final class HTTPObjectStore: ObjectStore {
             let error = ObjectStoreError(
                 .transient,
                 "cannot reach \(configuration.baseURL): \(reason); check the URL and that the service is reachable")
-            return .failure(AttemptFailure(error: error, delivered: context.delivered))
+            let etag = context.headers["x-object-manifest"] == nil ? context.headers["etag"] : nil
+            return .failure(AttemptFailure(error: error, delivered: context.delivered, versionETag: etag))
         }
         let response = Response(
             status: context.status, headers: context.headers, body: context.body, sentMD5: context.md5?.finalize())

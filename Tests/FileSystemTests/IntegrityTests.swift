@@ -207,4 +207,177 @@ struct IntegrityTests {
         try fs.rename(parent: root, name: "g", newParent: root, newName: "g", noReplace: false)
         #expect(store.keys == ["g/", "g/f"])
     }
+
+    func makeFilesystem(_ store: any ObjectStore, spool: String) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = spool
+        configuration.pendingRetrySeconds = 3600
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    func spoolFiles(_ directory: String) -> [String] {
+        ((try? FileManager.default.subpathsOfDirectory(atPath: directory)) ?? []).filter { $0.hasSuffix(".data") }.sorted()
+    }
+
+    /// A handle open for reading keeps reading a file renamed (or moved with its directory).
+    @Test func aReadHandleFollowsItsFileThroughRenames() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let d = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller)
+        let f = try createFile(fs, d.inode, "f", "the content")
+        let reader = try fs.open(f.inode, writable: false, truncate: false)
+        try fs.rename(parent: d.inode, name: "f", newParent: d.inode, newName: "g", noReplace: false)
+        try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false)
+        var bytes: [UInt8] = []
+        try fs.read(handle: reader.handle, offset: 0, length: 100) { bytes.append(contentsOf: $0) }
+        fs.release(handle: reader.handle)
+        #expect(String(decoding: bytes, as: UTF8.self) == "the content")
+    }
+
+    /// Item 9: attributes set while a failed upload is owed are stored by the next mount too.
+    @Test func attributesSetWhileAnUploadIsOwedSurviveARemount() throws {
+        let store = FakeObjectStore()
+        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let fs = makeFilesystem(store, spool: spool)
+        let (f, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try write(fs, opened.handle, "owed bytes")
+        store.failNextPuts(2)
+        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
+        fs.release(handle: opened.handle)  // the second PUT fails too: the upload is owed
+        #expect(store.object("f") == nil)
+        _ = try fs.setattr(f.inode, AttributeChanges(mode: 0o600, modified: Timestamp(seconds: 1_234_567_890, nanoseconds: 5)))
+        fs.shutdown()
+        let next = makeFilesystem(store, spool: spool)
+        next.recoverPendingUploads()
+        #expect(store.object("f")?.bytes == Array("owed bytes".utf8))
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+        #expect(store.object("f")?.metadata["mtime"] == "1234567890.000000005")
+        next.shutdown()
+    }
+
+    /// Item 9: an owed upload never overwrites what another client wrote meanwhile, nor brings
+    /// back what it deleted: both versions are kept, ours as a conflict copy.
+    @Test(arguments: [true, false]) func anOwedUploadKeepsAnotherClientsChange(deleted: Bool) throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "version 1")
+        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let fs = makeFilesystem(store, spool: spool)
+        let f = try fs.lookup(parent: root, name: "f")
+        let opened = try fs.open(f.inode, writable: true, truncate: true)
+        try write(fs, opened.handle, "ours")
+        store.failNextPuts(2)
+        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
+        fs.release(handle: opened.handle)
+        if deleted { try store.delete(key: "f") } else { store.seed("f", text: "theirs, newer") }
+        fs.shutdown()
+        let next = makeFilesystem(store, spool: spool)
+        next.recoverPendingUploads()
+        #expect(store.object("f")?.bytes == (deleted ? nil : Array("theirs, newer".utf8)))
+        let copies = store.keys.filter { $0.hasPrefix("f.cssp-conflict-") }
+        #expect(copies.count == 1)
+        #expect(copies.first.flatMap { store.object($0)?.bytes } == Array("ours".utf8))
+        #expect(spoolFiles(spool).isEmpty)
+        next.shutdown()
+    }
+
+    /// Item 9: what a crashed mount wrote without any close acknowledging it is neither uploaded
+    /// nor deleted: it is kept aside.
+    @Test func unacknowledgedSpoolFilesAreKeptAsideNotDeleted() throws {
+        let store = FakeObjectStore()
+        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let crashed = makeFilesystem(store, spool: spool)
+        let (_, opened) = try crashed.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try write(crashed, opened.handle, "never closed")
+        crashed.spool.unlock()  // the process died: its lock is gone, nothing else happened
+        let next = makeFilesystem(store, spool: spool)
+        next.recoverPendingUploads()
+        #expect(store.keys.isEmpty)
+        let kept = spoolFiles(spool)
+        #expect(kept.count == 1 && kept[0].hasPrefix("lost+found/"))
+        next.shutdown()
+    }
+
+    /// A file created just after the mount started is not taken for a leftover of an earlier one.
+    @Test func recoveryNeverTouchesFilesOfThisMount() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let (_, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try write(fs, opened.handle, "mine")
+        fs.recoverPendingUploads()
+        try close(fs, opened.handle)
+        #expect(store.object("f")?.bytes == Array("mine".utf8))
+    }
+
+    /// Item 9: a second live mount of the same URL spools in `directory.PID`; once it is gone, a
+    /// later mount stores what it owed.
+    @Test func aSecondMountsSpoolIsRecoveredLater() throws {
+        let store = FakeObjectStore()
+        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let first = makeFilesystem(store, spool: spool)
+        let second = makeFilesystem(store, spool: spool)
+        let (_, opened) = try second.create(parent: root, name: "g", mode: 0o644, caller: caller)
+        try write(second, opened.handle, "from the second mount")
+        store.failNextPuts(2)
+        #expect(throws: FSError.self) { try second.flush(handle: opened.handle) }
+        second.release(handle: opened.handle)
+        second.shutdown()
+        first.shutdown()
+        let later = makeFilesystem(store, spool: spool)
+        later.recoverPendingUploads()
+        #expect(store.object("g")?.bytes == Array("from the second mount".utf8))
+        later.shutdown()
+    }
+
+    /// Item 8: a multipart upload whose parts do not check out leaves the previous version; the
+    /// manifest is written only after the parts are verified.
+    @Test func aMultipartUploadThatFailsItsChecksLeavesThePreviousVersion() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        configuration.multipartThreshold = 64 << 10
+        configuration.partSize = 16 << 10
+        configuration.pendingRetrySeconds = 3600
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        let first = (0..<(100 << 10)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let (f, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try first.withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try close(fs, opened.handle)
+        #expect(fake.object("f")?.bytes == first)
+        // Every check of the new upload fails: its parts never list, the key never answers.
+        store.inject { call in
+            (call.operation == .list && call.key.hasPrefix(Filesystem.partsPrefix)) || (call.operation == .head && call.key == "f")
+                ? .before(.transient) : .none
+        }
+        let again = try fs.open(f.inode, writable: true, truncate: true)
+        let second = (0..<(100 << 10)).map { UInt8(truncatingIfNeeded: $0 &* 13) }
+        try second.withUnsafeBytes { try fs.write(handle: again.handle, offset: 0, bytes: $0) }
+        #expect(throws: FSError.self) { try fs.flush(handle: again.handle) }
+        fs.release(handle: again.handle)
+        store.heal()
+        #expect(fake.object("f")?.bytes == first, "the previous version must survive a failed upload")
+    }
+
+    @Test func partsGrowSoThatNoUploadNeedsMoreThanOneListingPage() {
+        #expect(Uploader.partSize(for: 1 << 30, configured: 32 << 20) == 32 << 20)
+        let huge: Int64 = 500 << 30
+        let grown = Uploader.partSize(for: huge, configured: 32 << 20)
+        #expect((huge + grown - 1) / grown <= Uploader.maximumParts)
+        #expect(grown % (1 << 20) == 0)
+    }
+
+    /// Item 10: opening for writing without O_TRUNC never trusts a cached size of 0: appending
+    /// to what another client wrote meanwhile keeps its bytes.
+    @Test func appendingNeverTrustsACachedEmptySize() throws {
+        let store = FakeObjectStore()
+        store.seed("f", [])
+        let fs = makeFilesystem(store)
+        let f = try fs.lookup(parent: root, name: "f")
+        #expect(f.size == 0)
+        store.seed("f", text: "real content")  // another client, within attr_timeout
+        let opened = try fs.open(f.inode, writable: true, truncate: false)
+        try write(fs, opened.handle, "X", at: 12)
+        try close(fs, opened.handle)
+        #expect(store.object("f")?.bytes == Array("real contentX".utf8))
+    }
 }

@@ -14,19 +14,6 @@ final class ManualClock: Sendable {
     func advance(_ by: Double) { seconds.withLock { $0 += by } }
 }
 
-/// A small, seedable generator (SplitMix64): the same seed gives the same operation sequence.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476C_E5E4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// One object of the reference: what POSIX says a name holds. A class, because its identity is
 /// the inode: a handle keeps writing to it after a rename or an unlink.
 final class ModelObject {
@@ -159,14 +146,25 @@ final class ReferenceModelRun {
 
     let seed: UInt64
     var random: SeededGenerator
+    /// Failed uploads are expected here (closes while the store refuses); their log lines are not.
+    static let quietLogger: Logger = {
+        var logger = Logger(label: "model")
+        logger.logLevel = .critical
+        return logger
+    }()
     let clock = ManualClock()
     let store = FakeObjectStore()
+    /// What the filesystem talks to: the store, failing what a fault operation asks for.
+    let faulty: FaultInjectingStore
     let spoolDirectory = NSTemporaryDirectory() + "cssp-model-spool-" + UUID().uuidString
     let caller = Caller(uid: 1000, gid: 100)
     var configuration = FilesystemConfiguration()
     var kernel: KernelSimulator
     var tree = ReferenceTree()
     var handles: [Handle] = []
+    /// Objects whose last close failed: their bytes are owed (a retry or the next mount stores
+    /// them). Another client does not touch them in this model (conflicts have their own tests).
+    var owed: [ModelObject] = []
     var trace: [String] = []
     var operations = 0
     /// Names are drawn from a small pool, so that operations collide (rename over, create again).
@@ -174,6 +172,7 @@ final class ReferenceModelRun {
 
     init(seed: UInt64) throws {
         self.seed = seed
+        faulty = FaultInjectingStore(store)
         random = SeededGenerator(seed: seed)
         configuration.spoolDirectory = spoolDirectory
         configuration.uid = 0
@@ -189,7 +188,7 @@ final class ReferenceModelRun {
             configuration.partSize = 16
         }
         configuration.metadataPrefetchLimit = Bool.random(using: &random) ? 0 : 100
-        kernel = KernelSimulator(try Filesystem(store: store, configuration: configuration, logger: Logger(label: "model")))
+        kernel = KernelSimulator(try Filesystem(store: faulty, configuration: configuration, logger: Self.quietLogger))
     }
 
     deinit {
@@ -294,8 +293,9 @@ final class ReferenceModelRun {
         case 84..<87: try expireCaches()
         case 87..<89: try evictInodes()
         case 89..<91: try remount()
-        case 91..<95: try outOfBandPut()
-        case 95..<97: try outOfBandDelete()
+        case 91..<94: try outOfBandPut()
+        case 94..<96: try outOfBandDelete()
+        case 96..<98: try closeWhileUploadsFail()
         default: try checkEverything()
         }
     }
@@ -306,6 +306,9 @@ final class ReferenceModelRun {
         let path = targetPath([.file])
         let truncate = chance(0.4)
         let keepOpen = chance(0.5)
+        // Every random choice is made before the filesystem answers, so a seed replays the same
+        // operations whatever the background threads did.
+        let mode: UInt16 = [0o644, 0o600, 0o640][Int.random(in: 0..<3, using: &random)]
         try step("open \(path) for writing\(truncate ? ", O_TRUNC" : "")\(keepOpen ? "" : ", write, close")") {
             var expected = parentError(path)
             if expected == nil, let object = tree.objects[path], object.kind != .file {
@@ -317,7 +320,6 @@ final class ReferenceModelRun {
                     if try kernel.fs.getattr(inode).kind == .directory { throw FSError(.isADirectory, "open of a directory") }
                     return (try kernel.fs.open(inode, writable: true, truncate: truncate).handle, inode)
                 }
-                let mode: UInt16 = [0o644, 0o600, 0o640][Int.random(in: 0..<3, using: &random)]
                 let (attributes, opened) = try kernel.fs.create(parent: parent, name: ReferenceTree.name(path), mode: mode, caller: caller)
                 kernel.counted(path, attributes.inode)
                 let object = ModelObject(kind: .file, mode: mode, uid: caller.uid, gid: caller.gid)
@@ -585,15 +587,43 @@ final class ReferenceModelRun {
         try step("unmount (closing every handle) and mount again") {
             while !handles.isEmpty { try close(handleIndex: handles.count - 1) }
             kernel.fs.shutdown()
-            kernel = KernelSimulator(try Filesystem(store: store, configuration: configuration, logger: Logger(label: "model")))
+            kernel = KernelSimulator(try Filesystem(store: faulty, configuration: configuration, logger: Self.quietLogger))
             kernel.fs.recoverPendingUploads()
+            owed = []
         }
+    }
+
+    /// The store refuses every upload while a handle is flushed and closed: close may report EIO,
+    /// and the bytes must still be stored later (by a retry, or by the next mount's recovery).
+    func closeWhileUploadsFail() throws {
+        guard let index = pick(Array(handles.indices.filter { handles[$0].writable })) else { return }
+        let handle = handles.remove(at: index)
+        try step("close handle \(handle.number) while the store refuses uploads") {
+            faulty.inject { call in
+                switch call.operation {
+                case .put, .putPart, .putManifest, .post: return .before(.transient)
+                default: return .none
+                }
+            }
+            defer { faulty.heal() }
+            do {
+                try kernel.fs.flush(handle: handle.number)
+            } catch let error as FSError {
+                guard error.code == .ioError else { throw fail("close with failing uploads: \(error.code), expected EIO") }
+                trace.append("  close: EIO (the bytes stay in the spool, owed)")
+            }
+            kernel.fs.release(handle: handle.number)
+            owed.append(handle.object)
+        }
+        try checkPathsOfOpenObjects()
+        for (path, object) in tree.objects where object === handle.object { try check(path) }
     }
 
     /// Another client writes a file (never one open here).
     func outOfBandPut() throws {
         let path = chance(0.5) ? (existingPath([.file]) ?? anyPath()) : anyPath()
         guard !handles.contains(where: { $0.object === tree.objects[path] }), parentError(path) == nil,
+            !owed.contains(where: { $0 === tree.objects[path] }),
             tree.objects[path]?.kind ?? .file == .file
         else { return }
         let data = bytes(Int.random(in: 0...40, using: &random))
@@ -610,7 +640,9 @@ final class ReferenceModelRun {
 
     /// Another client deletes a file (never one open here).
     func outOfBandDelete() throws {
-        guard let path = existingPath([.file]), !handles.contains(where: { $0.object === tree.objects[path] }) else { return }
+        guard let path = existingPath([.file]), !handles.contains(where: { $0.object === tree.objects[path] }),
+            !owed.contains(where: { $0 === tree.objects[path] })
+        else { return }
         try step("another client DELETEs \(path)") {
             try? store.delete(key: path)
             tree.objects[path] = nil

@@ -62,7 +62,7 @@ struct SpoolStateTests {
         _ = s.uploadFailed()
         let r10 = s.attach(writable: true)
         #expect(r10)
-        #expect(s.detach(writable: true) == .keep, "the scheduled retry owns the upload")
+        #expect(s.detach(writable: true) == .journal, "the scheduled retry owns the upload; the note is renewed")
     }
 
     @Test func aRemovedSpoolIsNeverUploadedAndRetiresAtItsLastClose() {

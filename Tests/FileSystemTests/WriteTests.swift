@@ -160,8 +160,8 @@ struct FilesystemWriteTests {
 
     @Test func pendingNotesWrittenBeforeAttributesWereKeptStillName() {
         let old = Spool.PendingUpload(decoding: "dir/only-a-key")
-        #expect(old == Spool.PendingUpload(key: "dir/only-a-key", contentType: "application/octet-stream", metadata: [:]))
-        let upload = Spool.PendingUpload(key: "k", contentType: "text/plain;cssp-mode=0600", metadata: ["mode": "0600", "x": "a=b"])
+        #expect(old == Spool.PendingUpload(key: "dir/only-a-key", contentType: "application/octet-stream", metadata: [:], base: nil))
+        let upload = Spool.PendingUpload(key: "k", contentType: "text/plain;cssp-mode=0600", metadata: ["mode": "0600", "x": "a=b"], base: "etag1")
         #expect(Spool.PendingUpload(decoding: String(decoding: upload.encoded, as: UTF8.self)) == upload)
         #expect(Spool.PendingUpload(decoding: "") == nil)
     }

@@ -1,0 +1,501 @@
+import Foundation
+import ObjectStore
+import ObjectStoreHTTP
+import ObjectStoreTesting
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The reference model through the real binary, FUSE and the real server: random sequences of
+/// system calls (several descriptors open at once, renames and unlinks of open files, remounts,
+/// another client's PUTs and DELETEs) against a small in-memory tree, compared after every step.
+/// Environment: `CSSP_E2E_MODEL_SEED=N` replays one seed; `CSSP_E2E_MODEL_SEEDS` (default 4) seeds
+/// of `CSSP_E2E_MODEL_OPS` (default 600) operations.
+@Suite(.serialized)
+struct ReferenceModelMountTests {
+    static func setting(_ name: String) -> UInt64? {
+        ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) }
+    }
+
+    @Test func randomSystemCallSequencesMatchTheReference() throws {
+        let environment = try Environment.load()
+        let operations = Int(Self.setting("CSSP_E2E_MODEL_OPS") ?? 600)
+        let seeds: [UInt64] = Self.setting("CSSP_E2E_MODEL_SEED").map { [$0] } ?? Array(1...(Self.setting("CSSP_E2E_MODEL_SEEDS") ?? 4))
+        var total = 0
+        for seed in seeds {
+            let run = try MountModelRun(environment, seed: seed)
+            defer { run.cleanUp() }
+            do {
+                try run.run(operations: operations)
+            } catch {
+                Issue.record("\(error)")
+                break
+            }
+            total += run.operations
+        }
+        print("mount reference model: \(total) operations over seeds \(seeds)")
+    }
+}
+
+/// One seed's run against one fresh container.
+final class MountModelRun {
+    final class Object {
+        let kind: Kind
+        var bytes: [UInt8] = []
+        var mode: UInt16
+        var target = ""
+        init(_ kind: Kind, mode: UInt16) {
+            self.kind = kind
+            self.mode = mode
+        }
+    }
+
+    enum Kind: String { case file, directory, symlink }
+
+    struct Descriptor {
+        var fd: Int32
+        var object: Object
+        var writable: Bool
+    }
+
+    let environment: Environment
+    let seed: UInt64
+    let container: String
+    let cache: String
+    let store: HTTPObjectStore
+    var mount: Mount
+    var random: SeededGenerator
+    var tree: [String: Object] = [:]
+    var descriptors: [Descriptor] = []
+    var trace: [String] = []
+    var operations = 0
+    let names = ["a", "b", "c", "d é", "e"]
+
+    init(_ environment: Environment, seed: UInt64) throws {
+        self.environment = environment
+        self.seed = seed
+        random = SeededGenerator(seed: seed)
+        container = "model-\(seed)-" + UUID().uuidString.prefix(6).lowercased()
+        store = environment.store(container: container)
+        try store.createContainer()
+        cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        mount = try Mount(environment, container: container, options: ["cache_dir=" + cache])
+    }
+
+    func cleanUp() {
+        for descriptor in descriptors { close(descriptor.fd) }
+        descriptors = []
+        _ = try? mount.unmount()
+        try? FileManager.default.removeItem(atPath: cache)
+    }
+
+    // MARK: Helpers
+
+    func chance(_ p: Double) -> Bool { Double.random(in: 0..<1, using: &random) < p }
+    func pick<T>(_ items: [T]) -> T? { items.isEmpty ? nil : items[Int.random(in: 0..<items.count, using: &random)] }
+    func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in UInt8.random(in: 0...255, using: &random) } }
+    func path(_ relative: String) -> String { mount.path(relative) }
+
+    static func parent(_ path: String) -> String {
+        path.lastIndex(of: "/").map { String(path[..<$0]) } ?? ""
+    }
+
+    func children(_ directory: String) -> [String] {
+        tree.keys.filter { Self.parent($0) == directory }.map { $0.split(separator: "/").last.map(String.init)! }.sorted()
+    }
+
+    var directories: [String] { [""] + tree.filter { $0.value.kind == .directory }.map(\.key).sorted() }
+
+    func anyPath() -> String {
+        let directory = pick(directories.filter { $0.split(separator: "/").count < 2 }) ?? ""
+        let name = pick(names)!
+        return directory.isEmpty ? name : directory + "/" + name
+    }
+
+    func existing(_ kinds: Set<Kind>) -> String? {
+        pick(tree.filter { kinds.contains($0.value.kind) }.map(\.key).sorted())
+    }
+
+    func target(_ kinds: Set<Kind>) -> String { chance(0.85) ? (existing(kinds) ?? anyPath()) : anyPath() }
+
+    /// POSIX's answer for the parent of `path`: nil when it is a directory.
+    func parentErrno(_ path: String) -> Int32? {
+        var current = Self.parent(path)
+        var chain: [String] = []
+        while !current.isEmpty {
+            chain.append(current)
+            current = Self.parent(current)
+        }
+        for directory in chain.reversed() {
+            guard let object = tree[directory] else { return ENOENT }
+            if object.kind != .directory { return ENOTDIR }
+        }
+        return nil
+    }
+
+    func fail(_ message: String) -> HarnessError {
+        HarnessError(
+            "mount reference model diverged (seed \(seed)): \(message)\nreplay: CSSP_E2E_MODEL_SEED=\(seed) scripts/test "
+                + "--filter ReferenceModelMountTests\nlast operations:\n  " + trace.suffix(60).joined(separator: "\n  ")
+                + "\ndaemon stderr:\n" + mount.stderrText.suffix(3000))
+    }
+
+    /// Runs a system call; checks its errno against `expected` (nil: success). Returns its result.
+    @discardableResult
+    func call(_ expected: Int32?, _ what: String, _ body: () -> Int32) throws -> Int32? {
+        errno = 0
+        let result = body()
+        let error = result < 0 ? errno : 0
+        if result >= 0 {
+            if let expected { throw fail("\(what): succeeded, expected \(String(cString: strerror(expected)))") }
+            return result
+        }
+        if error != expected {
+            throw fail("\(what): \(String(cString: strerror(error))), expected \(expected.map { String(cString: strerror($0)) } ?? "success")")
+        }
+        return nil
+    }
+
+    // MARK: Running
+
+    func run(operations count: Int) throws {
+        while operations < count {
+            operations += 1
+            try randomOperation()
+        }
+        try checkEverything()
+        try remount()
+        try checkEverything()
+    }
+
+    func randomOperation() throws {
+        switch Int.random(in: 0..<100, using: &random) {
+        case 0..<14: try openForWriting()
+        case 14..<24: try writeThroughDescriptor()
+        case 24..<30: try readThroughDescriptors()
+        case 30..<40: try closeDescriptor()
+        case 40..<43: try truncate()
+        case 43..<47: try chmod()
+        case 47..<57: try rename()
+        case 57..<63: try unlink()
+        case 63..<66: try rmdir()
+        case 66..<73: try mkdir()
+        case 73..<75: try symlink()
+        case 75..<82: try listDirectory()
+        case 82..<89: try statAndRead(target([.file, .directory, .symlink]))
+        case 89..<91: try remount()
+        case 91..<94: try anotherClientPuts()
+        case 94..<96: try anotherClientDeletes()
+        default: try checkEverything()
+        }
+    }
+
+    // MARK: Operations
+
+    func openForWriting() throws {
+        let relative = target([.file])
+        let truncate = chance(0.4)
+        let keep = chance(0.5)
+        trace.append("open \(relative) for writing\(truncate ? ", O_TRUNC" : "")\(keep ? "" : ", write, close")")
+        var expected = parentErrno(relative)
+        if expected == nil, let object = tree[relative], object.kind == .directory { expected = EISDIR }
+        if expected == nil, tree[relative]?.kind == .symlink { return }
+        let mode: mode_t = [0o644, 0o600, 0o640][Int.random(in: 0..<3, using: &random)]
+        guard let fd = try call(expected, "open \(relative)", { open(path(relative), O_RDWR | O_CREAT | (truncate ? O_TRUNC : 0), mode) }) else {
+            return
+        }
+        let object: Object
+        if let known = tree[relative] {
+            object = known
+            if truncate { object.bytes = [] }
+        } else {
+            object = Object(.file, mode: UInt16(mode))
+            tree[relative] = object
+        }
+        descriptors.append(Descriptor(fd: fd, object: object, writable: true))
+        if !keep {
+            try write(descriptors.count - 1)
+            try closeDescriptor(at: descriptors.count - 1)
+        }
+        try statAndRead(relative)
+    }
+
+    func write(_ index: Int) throws {
+        let descriptor = descriptors[index]
+        let size = descriptor.object.bytes.count
+        let offset = chance(0.3) ? size : Int.random(in: 0...(size + 10), using: &random)
+        let data = bytes(Int.random(in: 1...(chance(0.1) ? 70_000 : 40), using: &random))
+        trace.append("  pwrite \(data.count) bytes at \(offset) to fd \(descriptor.fd)")
+        let written = try call(nil, "pwrite") { Int32(data.withUnsafeBytes { pwrite(descriptor.fd, $0.baseAddress, data.count, off_t(offset)) }) }
+        guard written == Int32(data.count) else { throw fail("pwrite wrote \(written ?? -1) of \(data.count) bytes") }
+        if descriptor.object.bytes.count < offset + data.count {
+            descriptor.object.bytes += [UInt8](repeating: 0, count: offset + data.count - descriptor.object.bytes.count)
+        }
+        descriptor.object.bytes.replaceSubrange(offset..<(offset + data.count), with: data)
+    }
+
+    func writeThroughDescriptor() throws {
+        guard let index = pick(Array(descriptors.indices.filter { descriptors[$0].writable })) else { return try openForWriting() }
+        try write(index)
+        try checkDescriptors()
+    }
+
+    func readThroughDescriptors() throws {
+        if chance(0.4), let relative = existing([.file]) {
+            trace.append("open \(relative) read-only")
+            if let fd = try call(nil, "open \(relative) read-only", { open(path(relative), O_RDONLY) }) {
+                descriptors.append(Descriptor(fd: fd, object: tree[relative]!, writable: false))
+            }
+        }
+        trace.append("read through every descriptor")
+        try checkDescriptors()
+    }
+
+    func closeDescriptor(at index: Int) throws {
+        let descriptor = descriptors.remove(at: index)
+        trace.append("  close fd \(descriptor.fd)")
+        try call(nil, "close fd \(descriptor.fd)") { close(descriptor.fd) }
+    }
+
+    func closeDescriptor() throws {
+        guard let index = pick(Array(descriptors.indices)) else { return }
+        try closeDescriptor(at: index)
+        for (relative, object) in tree where object.kind == .file && descriptors.contains(where: { $0.object === object }) {
+            try statAndRead(relative)
+        }
+    }
+
+    func truncate() throws {
+        let relative = target([.file])
+        let size = Int.random(in: 0...80, using: &random)
+        trace.append("truncate \(relative) to \(size)")
+        var expected = parentErrno(relative) ?? (tree[relative] == nil ? ENOENT : nil)
+        if expected == nil, tree[relative]!.kind == .directory { expected = EISDIR }
+        if expected == nil, tree[relative]!.kind == .symlink { return }
+        guard try call(expected, "truncate \(relative)", { Glibc.truncate(path(relative), off_t(size)) }) != nil,
+            let object = tree[relative]
+        else { return }
+        object.bytes = Array(object.bytes.prefix(size)) + [UInt8](repeating: 0, count: max(0, size - object.bytes.count))
+        try statAndRead(relative)
+    }
+
+    func chmod() throws {
+        let relative = target([.file, .directory])
+        let mode: mode_t = [0o600, 0o644, 0o755, 0o700][Int.random(in: 0..<4, using: &random)]
+        trace.append("chmod \(String(mode, radix: 8)) \(relative)")
+        let expected = parentErrno(relative) ?? (tree[relative] == nil ? ENOENT : nil)
+        if expected == nil, tree[relative]!.kind == .symlink { return }
+        guard try call(expected, "chmod \(relative)", { Glibc.chmod(path(relative), mode) }) != nil else { return }
+        tree[relative]?.mode = UInt16(mode)
+        try statAndRead(relative)
+    }
+
+    func rename() throws {
+        let from = target([.file, .directory, .symlink])
+        var to = anyPath()
+        if chance(0.4), let kind = tree[from]?.kind, let other = existing([kind]) { to = other }
+        trace.append("rename \(from) -> \(to)")
+        var expected = parentErrno(from) ?? (tree[from] == nil ? ENOENT : nil) ?? parentErrno(to)
+        if expected == nil, let source = tree[from], from != to {
+            if to.hasPrefix(from + "/") {
+                expected = EINVAL
+            } else if from.hasPrefix(to + "/") {
+                expected = ENOTEMPTY
+            } else if let target = tree[to] {
+                switch (source.kind == .directory, target.kind == .directory) {
+                case (true, false): expected = ENOTDIR
+                case (false, true): expected = EISDIR
+                case (true, true): if !children(to).isEmpty { expected = ENOTEMPTY }
+                case (false, false): break
+                }
+            }
+        }
+        guard try call(expected, "rename \(from) -> \(to)", { Glibc.rename(path(from), path(to)) }) != nil, from != to else {
+            return
+        }
+        tree[to] = nil
+        for key in tree.keys.sorted() where key == from || key.hasPrefix(from + "/") {
+            tree[to + key.dropFirst(from.count)] = tree.removeValue(forKey: key)
+        }
+        try statAndRead(from)
+        try statAndRead(to)
+        try checkDescriptors()
+    }
+
+    func unlink() throws {
+        let relative = target([.file, .symlink])
+        trace.append("unlink \(relative)")
+        var expected = parentErrno(relative) ?? (tree[relative] == nil ? ENOENT : nil)
+        if expected == nil, tree[relative]!.kind == .directory { expected = EISDIR }
+        guard try call(expected, "unlink \(relative)", { Glibc.unlink(path(relative)) }) != nil else { return }
+        tree[relative] = nil
+        try statAndRead(relative)
+        try checkDescriptors()
+    }
+
+    func rmdir() throws {
+        let relative = target([.directory])
+        trace.append("rmdir \(relative)")
+        var expected = parentErrno(relative) ?? (tree[relative] == nil ? ENOENT : nil)
+        if expected == nil, tree[relative]!.kind != .directory { expected = ENOTDIR }
+        if expected == nil, !children(relative).isEmpty { expected = ENOTEMPTY }
+        guard try call(expected, "rmdir \(relative)", { Glibc.rmdir(path(relative)) }) != nil else { return }
+        tree[relative] = nil
+        try statAndRead(relative)
+    }
+
+    func mkdir() throws {
+        let relative = anyPath()
+        let mode: mode_t = chance(0.5) ? 0o755 : 0o700
+        trace.append("mkdir \(relative) \(String(mode, radix: 8))")
+        let expected = parentErrno(relative) ?? (tree[relative] == nil ? nil : EEXIST)
+        guard try call(expected, "mkdir \(relative)", { Glibc.mkdir(path(relative), mode) }) != nil else { return }
+        tree[relative] = Object(.directory, mode: UInt16(mode))
+        try statAndRead(relative)
+    }
+
+    func symlink() throws {
+        let relative = anyPath()
+        let target = "../t" + String(Int.random(in: 0..<1000, using: &random))
+        trace.append("symlink \(relative) -> \(target)")
+        let expected = parentErrno(relative) ?? (tree[relative] == nil ? nil : EEXIST)
+        guard try call(expected, "symlink \(relative)", { Glibc.symlink(target, path(relative)) }) != nil else { return }
+        let object = Object(.symlink, mode: 0o777)
+        object.target = target
+        tree[relative] = object
+        try statAndRead(relative)
+    }
+
+    func listDirectory() throws {
+        let relative = pick(directories)!
+        trace.append("ls \(relative.isEmpty ? "/" : relative)")
+        try checkListing(relative)
+    }
+
+    func remount() throws {
+        trace.append("close everything, unmount, mount again")
+        while !descriptors.isEmpty { try closeDescriptor(at: descriptors.count - 1) }
+        let status = try mount.unmount()
+        guard status == 0 else { throw fail("the daemon exited with \(status) at unmount") }
+        mount = try Mount(environment, container: container, options: ["cache_dir=" + cache])
+    }
+
+    /// Another client writes a file that is not open here; the mount is remounted, so that no
+    /// cache time hides the change (the core model tests the timeouts).
+    func anotherClientPuts() throws {
+        let relative = chance(0.5) ? (existing([.file]) ?? anyPath()) : anyPath()
+        guard parentErrno(relative) == nil, tree[relative]?.kind ?? .file == .file,
+            !descriptors.contains(where: { $0.object === tree[relative] })
+        else { return }
+        let data = bytes(Int.random(in: 0...50, using: &random))
+        trace.append("another client PUTs \(data.count) bytes at \(relative)")
+        try store.put(key: relative, body: .bytes(data), contentType: "application/octet-stream", metadata: [:])
+        let object = Object(.file, mode: 0o644)
+        object.bytes = data
+        tree[relative] = object
+        try remount()
+        try statAndRead(relative)
+    }
+
+    func anotherClientDeletes() throws {
+        guard let relative = existing([.file]), !descriptors.contains(where: { $0.object === tree[relative] }) else { return }
+        trace.append("another client DELETEs \(relative)")
+        try store.delete(key: relative)
+        tree[relative] = nil
+        try remount()
+        try statAndRead(relative)
+    }
+
+    // MARK: Checks
+
+    func checkEverything() throws {
+        trace.append("check the whole tree")
+        for directory in directories { try checkListing(directory) }
+        for relative in tree.keys.sorted() { try statAndRead(relative) }
+    }
+
+    func checkListing(_ relative: String) throws {
+        let shown: [String]
+        do {
+            shown = try FileManager.default.contentsOfDirectory(atPath: path(relative)).sorted()
+        } catch {
+            throw fail("ls \(relative): \(error)")
+        }
+        let expected = children(relative)
+        if shown != expected { throw fail("ls \(relative.isEmpty ? "/" : relative) shows \(shown), expected \(expected)") }
+    }
+
+    func statAndRead(_ relative: String) throws {
+        guard let object = tree[relative] else {
+            if parentErrno(relative) == nil {
+                var st = stat()
+                try call(ENOENT, "lstat of the removed \(relative)") { lstat(path(relative), &st) }
+            }
+            return
+        }
+        var st = stat()
+        try call(nil, "lstat \(relative)") { lstat(path(relative), &st) }
+        let kind: Kind
+        switch st.st_mode & S_IFMT {
+        case S_IFDIR: kind = .directory
+        case S_IFLNK: kind = .symlink
+        default: kind = .file
+        }
+        if kind != object.kind { throw fail("\(relative) is a \(kind), expected a \(object.kind)") }
+        if kind != .symlink && UInt16(st.st_mode & 0o7777) != object.mode {
+            throw fail("\(relative) has mode \(String(st.st_mode & 0o7777, radix: 8)), expected \(String(object.mode, radix: 8))")
+        }
+        switch kind {
+        case .directory: try checkListing(relative)
+        case .symlink:
+            let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: path(relative))) ?? "-"
+            if target != object.target { throw fail("readlink \(relative) is \(target), expected \(object.target)") }
+        case .file:
+            if st.st_size != object.bytes.count { throw fail("\(relative) has size \(st.st_size), expected \(object.bytes.count)") }
+            guard let fd = try call(nil, "open \(relative) to read", { open(path(relative), O_RDONLY) }) else { return }
+            defer { close(fd) }
+            let content = try readAll(fd, what: relative)
+            if content != object.bytes { throw fail("\(relative) reads \(content.count) bytes, expected \(object.bytes.count)") }
+        }
+    }
+
+    func readAll(_ fd: Int32, what: String) throws -> [UInt8] {
+        var content: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = pread(fd, &buffer, buffer.count, off_t(content.count))
+            if n < 0 { throw fail("read \(what): \(String(cString: strerror(errno)))") }
+            if n == 0 { return content }
+            content += buffer[0..<n]
+        }
+    }
+
+    /// Every descriptor reads what its file holds; a read-only one of a removed file may fail
+    /// with ENOENT or ESTALE instead (the man page's CONSISTENCY), never read other bytes.
+    func checkDescriptors() throws {
+        for descriptor in descriptors {
+            let removed = !tree.values.contains { $0 === descriptor.object }
+            var content: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 65_536)
+            var failure: Int32 = 0
+            while true {
+                let n = pread(descriptor.fd, &buffer, buffer.count, off_t(content.count))
+                if n < 0 {
+                    failure = errno
+                    break
+                }
+                if n == 0 { break }
+                content += buffer[0..<n]
+            }
+            if failure != 0 {
+                if removed && !descriptor.writable && (failure == ENOENT || failure == ESTALE) { continue }
+                throw fail("read through fd \(descriptor.fd): \(String(cString: strerror(failure)))")
+            }
+            if content != descriptor.object.bytes {
+                throw fail("fd \(descriptor.fd)\(removed ? " (removed)" : "") reads \(content.count) bytes, expected \(descriptor.object.bytes.count)")
+            }
+        }
+    }
+}
