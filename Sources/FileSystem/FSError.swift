@@ -18,6 +18,8 @@ public struct FSError: Error, Sendable, CustomStringConvertible {
         case notPermitted
         case noSpace
         case exists
+        /// A name whose bytes are not UTF-8.
+        case illegalByteSequence
         case ioError
     }
 

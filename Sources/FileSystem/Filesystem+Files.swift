@@ -94,6 +94,8 @@ extension Filesystem {
         if attached !== open {
             open.discard()
             if truncate { try truncateAttached(attached, writable: writable) }
+        } else if truncate {
+            touch(inode)  // O_TRUNC of an existing file is a change of its data
         }
         return OpenResult(handle: register(.spool(attached, writable: writable)), keepCache: !truncate)
     }
@@ -102,6 +104,7 @@ extension Filesystem {
     private func truncateAttached(_ open: SpoolFile, writable: Bool) throws(FSError) {
         do {
             try open.truncate(to: 0)
+            touch(open.inode)
         } catch {
             detach(open, writable: writable)
             throw error
@@ -221,13 +224,7 @@ extension Filesystem {
         }
         try open.write(bytes, at: offset)
         startEarlyParts(open, writtenEnd: offset + Int64(bytes.count))
-        let now = Timestamp.now()
-        _ = state.withLock { s in
-            s.inodes.update(open.inode) { node in
-                node.stored.mtime = now
-                node.attributeVersion += 1
-            }
-        }
+        touch(open.inode)
     }
 
     /// Once a file is over the multipart threshold, uploads the parts its writer has passed
@@ -552,6 +549,10 @@ extension Filesystem {
             try truncate(node, to: size)
         }
         let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
+        if let accessed = changes.accessed {
+            // Kept by this mount only: the store has no access time.
+            state.withLock { s in _ = s.inodes.update(inode) { $0.accessedAt = accessed; $0.changedAt = Timestamp.now() } }
+        }
         if metadataChanged {
             let updated: Node = state.withLock { s in
                 s.inodes.update(inode) { n in
@@ -559,6 +560,7 @@ extension Filesystem {
                     if let uid = changes.uid { n.stored.uid = uid }
                     if let gid = changes.gid { n.stored.gid = gid }
                     if let modified = changes.modified { n.stored.mtime = modified }
+                    n.changedAt = Timestamp.now()
                     n.attributeVersion += 1
                 } ?? node
             }
@@ -569,18 +571,31 @@ extension Filesystem {
         return try getattr(inode)
     }
 
+    /// Data changed now (a write, a truncation): mtime and ctime move, and the new mtime is stored
+    /// with the data.
+    func touch(_ inode: InodeNumber) {
+        let now = Timestamp.now()
+        _ = state.withLock { s in
+            s.inodes.update(inode) { node in
+                node.stored.mtime = now
+                node.changedAt = now
+                node.attributeVersion += 1
+            }
+        }
+    }
+
     private func truncate(_ node: Node, to size: Int64) throws(FSError) {
-        if try withSpool(of: node.inode, { (open) throws(FSError) in try open.truncate(to: size) }) { return }
+        if try withSpool(of: node.inode, { (open) throws(FSError) in
+            try open.truncate(to: size)
+            touch(node.inode)
+        }) {
+            return
+        }
         // No open handle (truncate(2) on a path): download, cut, store, done.
         let open = try makeSpool(for: node, download: size > 0)
         defer { open.discard() }
         try open.truncate(to: size)
-        _ = state.withLock { s in
-            s.inodes.update(node.inode) { node in
-                node.stored.mtime = Timestamp.now()
-                node.attributeVersion += 1
-            }
-        }
+        touch(node.inode)
         try commit(open)
     }
 

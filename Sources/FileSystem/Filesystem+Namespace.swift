@@ -13,13 +13,16 @@ import Synchronization
 ///    a failure half-way leaves both names holding part of the tree (the man page says so).
 /// 3. An unlinked file that is still open is never uploaded again.
 extension Filesystem {
-    private func requireWritableDirectory(_ parent: InodeNumber, name: String) throws(FSError) -> Node {
+    /// The directory `parent`, where `name` may be made or removed. `suffix`: bytes the key adds
+    /// after the name (1 for a directory's `/`).
+    private func requireWritableDirectory(_ parent: InodeNumber, name: String, suffix: Int = 0) throws(FSError) -> Node {
         if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
         let directory = try node(parent)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "not a directory") }
         guard DirectoryBuilder.isValidName(name) else {
             throw FSError(name.utf8.count > 255 ? .nameTooLong : .invalidArgument, "invalid name '\(name)'")
         }
+        try Self.requireStorable(directory.key + name, suffix: suffix)
         if isHidden(name, in: directory) { throw FSError(.notPermitted, "'\(name)' is reserved for multipart parts") }
         return directory
     }
@@ -31,6 +34,14 @@ extension Filesystem {
         let inserted = s.inodes.insert(node)
         s.sweep()
         return inserted
+    }
+
+    /// ENAMETOOLONG for a key the store cannot hold (`maximumKeyLength` bytes).
+    static func requireStorable(_ key: String, suffix: Int = 0) throws(FSError) {
+        guard key.utf8.count + suffix <= maximumKeyLength else {
+            throw FSError(
+                .nameTooLong, "the path is \(key.utf8.count + suffix) bytes as a key; the store takes at most \(maximumKeyLength)")
+        }
     }
 
     private func newAttributes(mode: UInt16, caller: Caller) -> StoredAttributes {
@@ -75,7 +86,7 @@ extension Filesystem {
     }
 
     public func mkdir(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError) -> Attributes {
-        let directory = try requireWritableDirectory(parent, name: name)
+        let directory = try requireWritableDirectory(parent, name: name, suffix: 1)
         let prefix = directory.key + name + "/"
         let stored = newAttributes(mode: mode, caller: caller)
         forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
@@ -106,7 +117,10 @@ extension Filesystem {
         stored.mode = nil
         var metadata = stored.metadata(mergedInto: [:])
         // svfs's header, when the target fits in a header as it is; the body always holds it.
-        if target.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { metadata[StoredAttributes.symlinkTargetHeader] = target }
+        // (Swift caps a metadata value at 256 bytes: a longer target lives in the body only.)
+        if target.utf8.count <= 256 && target.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) {
+            metadata[StoredAttributes.symlinkTargetHeader] = target
+        }
         let etag: String
         forgetPrefetched(keys: [key])
         do {
@@ -333,6 +347,7 @@ extension Filesystem {
         let finish = { [self] (s: inout State) -> Void in
             updateListing(parent, name: name, entry: nil, in: &s)
             if s.inodes.child(parent, name)?.inode == source.inode {
+                s.inodes.update(source.inode) { $0.changedAt = Timestamp.now() }
                 for inode in s.inodes.move(source.inode, to: newParent, name: newName, key: newKey)
                 where s.inodes[inode]?.kind == .directory {
                     s.directories.drop(inode)
@@ -439,6 +454,10 @@ extension Filesystem {
                 keys = try store.listAll(prefix: source, delimiter: nil)
             } catch {
                 throw FSError(storeError: error, operation: "rename", path: source)
+            }
+            // Every new key must fit before the first one moves.
+            if let longest = keys.map({ $0.name.utf8.count }).max() {
+                try Self.requireStorable(destination, suffix: longest - source.utf8.count)
             }
             let store = self.store
             let failure = pool.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in

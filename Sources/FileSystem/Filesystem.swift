@@ -48,6 +48,8 @@ public final class Filesystem: Sendable {
     public static let rootInode: InodeNumber = 1
     /// The inode number readdir reports for names the kernel has not looked up yet.
     public static let unknownInode: InodeNumber = 0xFFFF_FFFF
+    /// The longest object key the store takes (Swift's default `max_object_name_length`).
+    public static let maximumKeyLength = 1024
     /// Where multipart parts live, relative to the container (see `Uploader`).
     public static let partsPrefix = ".cssp-parts/"
 
@@ -127,8 +129,11 @@ public final class Filesystem: Sendable {
         case .symlink: size = Int64(node.symlinkTarget?.utf8.count ?? Int(node.size))
         }
         let fallbackTime = node.kind == .directory ? configuration.directoryTime : node.lastModified
+        let modified = node.stored.mtime ?? fallbackTime
         return Attributes(
-            inode: node.inode, kind: node.kind, size: size, modified: node.stored.mtime ?? fallbackTime,
+            inode: node.inode, kind: node.kind, size: size, modified: modified,
+            changed: max(node.changedAt ?? modified, modified), accessed: node.accessedAt ?? modified,
+            links: node.linked ? (node.kind == .directory ? 2 : 1) : 0,
             permissions: node.kind == .symlink ? 0o777 : (node.stored.mode ?? defaultMode),
             uid: configuration.forcedUID ?? node.stored.uid ?? configuration.uid,
             gid: configuration.forcedGID ?? node.stored.gid ?? configuration.gid)
@@ -202,6 +207,7 @@ public final class Filesystem: Sendable {
             throw FSError(name.utf8.count > 255 ? .nameTooLong : .notFound, "no such name '\(name)'")
         }
         if isHidden(name, in: directory) { throw FSError(.notFound, "'\(name)' is reserved for multipart parts") }
+        try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
         let local: Attributes? = state.withLock { s in
             guard var node = s.inodes.child(parent, name), let open = s.openFiles[node.inode] else { return nil }

@@ -27,6 +27,10 @@ struct Node {
     /// Bumped when this mount stores new bytes or gives the file a spool: a read handle opened
     /// before reads what was written here since (another client's change is ESTALE instead).
     var localVersion: UInt64 = 0
+    /// ctime and atime as this mount changed them (nil: the modification time stands in; an
+    /// object store keeps neither).
+    var changedAt: Timestamp? = nil
+    var accessedAt: Timestamp? = nil
     /// The ETag of the content the kernel's page cache may hold for this inode.
     var cachedEtag: String? = nil
     var symlinkTarget: String? = nil

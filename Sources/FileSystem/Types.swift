@@ -15,6 +15,12 @@ public struct Attributes: Sendable, Equatable {
     public var kind: NodeKind
     public var size: Int64
     public var modified: Timestamp
+    /// ctime: the last change of data or attributes made through this mount (else `modified`).
+    public var changed: Timestamp
+    /// atime: as set by utimensat (else `modified`); reads do not move it (noatime).
+    public var accessed: Timestamp
+    /// Names leading to the node: 0 once unlinked or replaced while open.
+    public var links: UInt32
     /// Permission bits only (no file-type bits).
     public var permissions: UInt16
     public var uid: UInt32
@@ -48,7 +54,12 @@ public struct AttributeChanges: Sendable, Equatable {
     public var gid: UInt32?
     public var size: Int64?
     public var modified: Timestamp?
-    public init(mode: UInt16? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: Int64? = nil, modified: Timestamp? = nil) {
+    public var accessed: Timestamp?
+    public init(
+        mode: UInt16? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: Int64? = nil, modified: Timestamp? = nil,
+        accessed: Timestamp? = nil
+    ) {
+        self.accessed = accessed
         self.mode = mode
         self.uid = uid
         self.gid = gid

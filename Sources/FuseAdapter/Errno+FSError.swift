@@ -23,6 +23,8 @@ extension Errno {
         // The spool (cache directory) is full: reported at write time, never as a lost close.
         case .noSpace: return .noSpace
         case .exists: return .fileExists
+        // Object keys are UTF-8: a name that is not cannot be stored without aliasing another.
+        case .illegalByteSequence: return .illegalByteSequence
         case .ioError: return .ioError
         }
     }

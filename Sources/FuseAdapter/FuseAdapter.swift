@@ -56,7 +56,7 @@ public final class FuseAdapter: Sendable {
             let errno = Errno.forFilesystemError(error.code)
             switch error.code {
             case .notFound, .notADirectory, .isADirectory, .readOnly, .notEmpty, .nameTooLong, .invalidArgument,
-                .notSupported, .notPermitted, .exists:
+                .notSupported, .notPermitted, .exists, .illegalByteSequence:
                 if configuration.traceOperations { logger.debug("\(operation) -> \(errno): \(error.message)") }
             case .permissionDenied, .stale, .ioError, .noSpace:
                 logger.error("\(operation) failed: \(error.message)")
@@ -66,12 +66,37 @@ public final class FuseAdapter: Sendable {
         // A body that returned without answering leaves the token to answer EIO from its deinit.
     }
 
+    // MARK: Names
+
+    /// A name the kernel passed, nil when its bytes are not UTF-8 (object keys are UTF-8: such a
+    /// name is refused, never decoded with replacement characters into another name's key).
+    static func decode(_ name: UnsafePointer<CChar>) -> String? {
+        String(validatingCString: name)
+    }
+
+    /// A name that must exist: one that is not UTF-8 cannot.
+    static func existing(_ name: String?) throws(FSError) -> String {
+        guard let name else { throw FSError(.notFound, "a name that is not UTF-8 names no object") }
+        return name
+    }
+
+    /// A name to create (or a symlink target): one that is not UTF-8 is EILSEQ.
+    static func new(_ name: String?) throws(FSError) -> String {
+        guard let name else {
+            throw FSError(.illegalByteSequence, "the name is not UTF-8: object keys are UTF-8 (convert it, e.g. convmv)")
+        }
+        return name
+    }
+
+    static func shown(_ name: String?) -> String { name ?? "<not UTF-8>" }
+
     // MARK: Operations
 
-    func lookup(_ reply: consuming Reply, parent: InodeNumber, name: String) {
+    func lookup(_ reply: consuming Reply, parent: InodeNumber, name raw: String?) {
         let negative = configuration.negativeTimeout
-        serve("lookup", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+        serve("lookup", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             do throws(FSError) {
+                let name = try Self.existing(raw)
                 let attributes = try filesystem.lookup(parent: parent, name: name)
                 r.take()!.entry(
                     attributes, entryTimeout: configuration.entryTimeout,
@@ -193,20 +218,22 @@ public final class FuseAdapter: Sendable {
         }
     }
 
-    func create(_ reply: consuming Reply, parent: InodeNumber, name: String, mode: mode_t,
+    func create(_ reply: consuming Reply, parent: InodeNumber, name raw: String?, mode: mode_t,
         info: UnsafeMutablePointer<fuse_file_info>)
     {
         let caller = Self.caller(reply.request)
-        serve("create", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+        serve("create", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
+            let name = try Self.new(raw)
             let (attributes, opened) = try filesystem.create(
                 parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
             r.take()!.create(attributes, handle: opened.handle, timeouts: timeouts, info: info)
         }
     }
 
-    func mknod(_ reply: consuming Reply, parent: InodeNumber, name: String, mode: mode_t) {
+    func mknod(_ reply: consuming Reply, parent: InodeNumber, name raw: String?, mode: mode_t) {
         let caller = Self.caller(reply.request)
-        serve("mknod", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+        serve("mknod", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
+            let name = try Self.new(raw)
             let attributes = try filesystem.mknod(
                 parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode),
                 isRegular: (mode & S_IFMT) == S_IFREG || (mode & S_IFMT) == 0, caller: caller)
@@ -214,18 +241,21 @@ public final class FuseAdapter: Sendable {
         }
     }
 
-    func mkdir(_ reply: consuming Reply, parent: InodeNumber, name: String, mode: mode_t) {
+    func mkdir(_ reply: consuming Reply, parent: InodeNumber, name raw: String?, mode: mode_t) {
         let caller = Self.caller(reply.request)
-        serve("mkdir", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+        serve("mkdir", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
+            let name = try Self.new(raw)
             let attributes = try filesystem.mkdir(
                 parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
             r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
         }
     }
 
-    func symlink(_ reply: consuming Reply, target: String, parent: InodeNumber, name: String) {
+    func symlink(_ reply: consuming Reply, target rawTarget: String?, parent: InodeNumber, name raw: String?) {
         let caller = Self.caller(reply.request)
-        serve("symlink", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
+        serve("symlink", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
+            let name = try Self.new(raw)
+            let target = try Self.new(rawTarget)
             let attributes = try filesystem.symlink(parent: parent, name: name, target: target, caller: caller)
             r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
         }
@@ -237,26 +267,32 @@ public final class FuseAdapter: Sendable {
         }
     }
 
-    func unlink(_ reply: consuming Reply, parent: InodeNumber, name: String) {
-        serve("unlink", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
-            try filesystem.unlink(parent: parent, name: name)
+    func unlink(_ reply: consuming Reply, parent: InodeNumber, name raw: String?) {
+        serve("unlink", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.unlink(parent: parent, name: try Self.existing(raw))
             r.take()!.ok()
         }
     }
 
-    func rmdir(_ reply: consuming Reply, parent: InodeNumber, name: String) {
-        serve("rmdir", "\(parent)/\(name)", reply) { (r: inout Reply?) throws(FSError) in
-            try filesystem.rmdir(parent: parent, name: name)
+    func rmdir(_ reply: consuming Reply, parent: InodeNumber, name raw: String?) {
+        serve("rmdir", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.rmdir(parent: parent, name: try Self.existing(raw))
             r.take()!.ok()
         }
     }
 
-    func rename(_ reply: consuming Reply, parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
-        flags: UInt32)
-    {
-        serve("rename", "\(parent)/\(name) -> \(newParent)/\(newName)", reply) { (r: inout Reply?) throws(FSError) in
-            // RENAME_EXCHANGE (2) cannot be done on an object store; RENAME_NOREPLACE is 1.
-            if flags & 2 != 0 { throw FSError(.notSupported, "rename exchange is not supported") }
+    func rename(
+        _ reply: consuming Reply, parent: InodeNumber, name raw: String?, newParent: InodeNumber, newName rawNew: String?,
+        flags: UInt32
+    ) {
+        serve("rename", "\(parent)/\(Self.shown(raw)) -> \(newParent)/\(Self.shown(rawNew))", reply) {
+            (r: inout Reply?) throws(FSError) in
+            // RENAME_NOREPLACE (1) is done; RENAME_EXCHANGE (2) cannot be done on an object store,
+            // and RENAME_WHITEOUT (4) is for overlay filesystems: EINVAL, as rename(2) says of
+            // flags a filesystem does not implement, never a plain rename in their place.
+            if flags & ~1 != 0 { throw FSError(.invalidArgument, "rename flags \(flags) are not supported") }
+            let name = try Self.existing(raw)
+            let newName = try Self.new(rawNew)
             try filesystem.rename(
                 parent: parent, name: name, newParent: newParent, newName: newName, noReplace: flags & 1 != 0)
             r.take()!.ok()
@@ -278,6 +314,11 @@ public final class FuseAdapter: Sendable {
                 changes.modified = Timestamp.now()
             } else if toSet & FUSE_SET_ATTR_MTIME != 0 {
                 changes.modified = Timestamp(seconds: Int64(st.st_mtim.tv_sec), nanoseconds: Int32(st.st_mtim.tv_nsec))
+            }
+            if toSet & FUSE_SET_ATTR_ATIME_NOW != 0 {
+                changes.accessed = Timestamp.now()
+            } else if toSet & FUSE_SET_ATTR_ATIME != 0 {
+                changes.accessed = Timestamp(seconds: Int64(st.st_atim.tv_sec), nanoseconds: Int32(st.st_atim.tv_nsec))
             }
             let attributes = try filesystem.setattr(inode, changes)
             r.take()!.attributes(attributes, timeout: configuration.attributeTimeout)

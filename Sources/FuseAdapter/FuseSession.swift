@@ -137,7 +137,7 @@ private func makeOperations() -> fuse_lowlevel_ops {
     }
     ops.lookup = { request, parent, name in
         let adapter = FuseAdapter.adapter(request)
-        adapter.lookup(Reply(request!), parent: parent, name: String(cString: name!))
+        adapter.lookup(Reply(request!), parent: parent, name: FuseAdapter.decode(name!))
     }
     ops.forget = { request, inode, count in
         FuseAdapter.adapter(request).filesystem.forget(inode, count: count)
@@ -158,30 +158,30 @@ private func makeOperations() -> fuse_lowlevel_ops {
     }
     ops.readlink = { request, inode in FuseAdapter.adapter(request).readlink(Reply(request!), inode: inode) }
     ops.mknod = { request, parent, name, mode, _ in
-        FuseAdapter.adapter(request).mknod(Reply(request!), parent: parent, name: String(cString: name!), mode: mode)
+        FuseAdapter.adapter(request).mknod(Reply(request!), parent: parent, name: FuseAdapter.decode(name!), mode: mode)
     }
     ops.mkdir = { request, parent, name, mode in
-        FuseAdapter.adapter(request).mkdir(Reply(request!), parent: parent, name: String(cString: name!), mode: mode)
+        FuseAdapter.adapter(request).mkdir(Reply(request!), parent: parent, name: FuseAdapter.decode(name!), mode: mode)
     }
     ops.unlink = { request, parent, name in
-        FuseAdapter.adapter(request).unlink(Reply(request!), parent: parent, name: String(cString: name!))
+        FuseAdapter.adapter(request).unlink(Reply(request!), parent: parent, name: FuseAdapter.decode(name!))
     }
     ops.rmdir = { request, parent, name in
-        FuseAdapter.adapter(request).rmdir(Reply(request!), parent: parent, name: String(cString: name!))
+        FuseAdapter.adapter(request).rmdir(Reply(request!), parent: parent, name: FuseAdapter.decode(name!))
     }
     ops.symlink = { request, target, parent, name in
         FuseAdapter.adapter(request).symlink(
-            Reply(request!), target: String(cString: target!), parent: parent, name: String(cString: name!))
+            Reply(request!), target: FuseAdapter.decode(target!), parent: parent, name: FuseAdapter.decode(name!))
     }
     ops.rename = { request, parent, name, newParent, newName, flags in
         FuseAdapter.adapter(request).rename(
-            Reply(request!), parent: parent, name: String(cString: name!), newParent: newParent,
-            newName: String(cString: newName!), flags: UInt32(flags))
+            Reply(request!), parent: parent, name: FuseAdapter.decode(name!), newParent: newParent,
+            newName: FuseAdapter.decode(newName!), flags: UInt32(flags))
     }
     ops.link = { request, _, _, _ in FuseAdapter.adapter(request).link(Reply(request!)) }
     ops.create = { request, parent, name, mode, info in
         FuseAdapter.adapter(request).create(
-            Reply(request!), parent: parent, name: String(cString: name!), mode: mode, info: info!)
+            Reply(request!), parent: parent, name: FuseAdapter.decode(name!), mode: mode, info: info!)
     }
     ops.write = { request, _, buffer, size, offset, info in
         FuseAdapter.adapter(request).write(

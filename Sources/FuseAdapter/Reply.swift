@@ -121,16 +121,16 @@ struct Reply: ~Copyable {
         var st = Glibc.stat()
         st.st_ino = ino_t(a.inode)
         st.st_mode = fileType(a.kind) | mode_t(a.permissions)
-        st.st_nlink = a.kind == .directory ? 2 : 1
+        st.st_nlink = nlink_t(a.links)
         st.st_uid = a.uid
         st.st_gid = a.gid
         st.st_size = off_t(a.size)
         st.st_blksize = 1 << 20
         st.st_blocks = blkcnt_t((a.size + 511) / 512)
-        let time = timespec(tv_sec: Int(a.modified.seconds), tv_nsec: Int(a.modified.nanoseconds))
-        st.st_mtim = time
-        st.st_ctim = time
-        st.st_atim = time
+        func spec(_ t: Timestamp) -> timespec { timespec(tv_sec: Int(t.seconds), tv_nsec: Int(t.nanoseconds)) }
+        st.st_mtim = spec(a.modified)
+        st.st_ctim = spec(a.changed)
+        st.st_atim = spec(a.accessed)
         return st
     }
 }

@@ -163,7 +163,18 @@ public final class FakeObjectStore: ObjectStore {
         return result
     }
 
+    /// Swift's default constraints: 1024-byte names, 256-byte metadata values (400 otherwise).
+    private static func check(key: String, metadata: [String: String]) throws(ObjectStoreError) {
+        if key.utf8.count > 1024 {
+            throw ObjectStoreError(.invalidRequest, "object name longer than 1024 bytes", httpStatus: 400)
+        }
+        if let long = metadata.first(where: { $0.value.utf8.count > 256 }) {
+            throw ObjectStoreError(.invalidRequest, "metadata value of '\(long.key)' longer than 256 bytes", httpStatus: 400)
+        }
+    }
+
     public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) -> String {
+        try Self.check(key: key, metadata: metadata)
         let bytes: [UInt8]
         switch body {
         case .bytes(let b): bytes = b
@@ -187,6 +198,7 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) {
+        try Self.check(key: key, metadata: metadata)
         state.withLock { s in
             s.counts.put += 1
             s.clock += Self.tick
@@ -208,6 +220,7 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     public func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError) {
+        try Self.check(key: key, metadata: metadata)
         try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.post += 1
             guard var object = s.objects[key] else {

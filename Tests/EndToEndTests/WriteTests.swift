@@ -262,6 +262,27 @@ struct WriteTests {
             ! ln z/b/g hardlink 2>/dev/null
             ln -s z/b/g sym && test "$(cat sym)" = two && test "$(readlink sym)" = z/b/g
             ! mknod fifo p 2>/dev/null
+            # A name that is not UTF-8 is refused (EILSEQ), never stored under a mangled key.
+            if touch "$(printf 'bad\\351name')" 2>/tmp/cssp-e2e-err; then exit 11; fi
+            grep -qi 'multibyte' /tmp/cssp-e2e-err
+            # A path whose key would pass the store's 1024 bytes: ENAMETOOLONG, not EIO.
+            l=$(printf 'x%.0s' $(seq 1 250))
+            mkdir -p "$l/$l/$l/$l"
+            if mkdir "$l/$l/$l/$l/$l" 2>/tmp/cssp-e2e-err; then exit 12; fi
+            grep -qi 'too long' /tmp/cssp-e2e-err
+            rm -r "$l"
+            # fstat of an open file after unlink: st_nlink 0; rename flags we do not do: EINVAL.
+            python3 -c '
+            import os, ctypes
+            fd = os.open("gone", os.O_CREAT | os.O_WRONLY, 0o644)
+            os.unlink("gone")
+            assert os.fstat(fd).st_nlink == 0, os.fstat(fd).st_nlink
+            os.close(fd)
+            libc = ctypes.CDLL(None, use_errno=True)
+            open("w1", "w").close()
+            assert libc.renameat2(-100, b"w1", -100, b"w2", 4) == -1 and ctypes.get_errno() == 22
+            os.unlink("w1")
+            '
             """)
         #expect(steps.status == 0, "\(steps.stdout)\(steps.stderr)")
         let keys = try scene.store.raw.listAll(prefix: "", delimiter: nil).map(\.name)

@@ -19,6 +19,7 @@ struct ErrnoTests {
         (.notPermitted, .notPermitted),
         (.noSpace, .noSpace),
         (.exists, .fileExists),
+        (.illegalByteSequence, .illegalByteSequence),
         (.ioError, .ioError),
     ]
 
