@@ -15,9 +15,9 @@ import ObjectStore
 ///    skipped and counted, never shown under a mangled name.
 struct DirectoryBuilder {
     let prefix: String
-    private var heldFiles: [String: ObjectSummary] = [:]
+    private var heldFiles: [ExactString: ObjectSummary] = [:]
     /// Names already emitted as directories (a later `x/` merges into an application/directory `x`).
-    private var emittedDirectories: Set<String> = []
+    private var emittedDirectories: Set<ExactString> = []
     private(set) var skippedNames = 0
 
     /// A file and a directory with the same name.
@@ -46,31 +46,31 @@ struct DirectoryBuilder {
             switch item {
             case .commonPrefix(let full):
                 guard let name = component(of: full, trailingSlash: true) else { continue }
-                if let file = heldFiles.removeValue(forKey: name) {
+                if let file = heldFiles.removeValue(forKey: name.exact) {
                     collisions.append(Collision(name: name, file: file))
-                } else if emittedDirectories.insert(name).inserted {
+                } else if emittedDirectories.insert(name.exact).inserted {
                     entries.append(Self.directory(name, key: full))
                 }
             case .object(let summary):
-                guard summary.key != prefix, let name = component(of: summary.key, trailingSlash: false) else {
+                guard !summary.key.isSameKey(as: prefix), let name = component(of: summary.key, trailingSlash: false) else {
                     continue
                 }
                 if ObjectKey.isDirectoryContentType(summary.contentType) {
-                    if emittedDirectories.insert(name).inserted {
+                    if emittedDirectories.insert(name.exact).inserted {
                         entries.append(Self.directory(name, key: summary.key + "/"))
                     }
                 } else {
-                    heldFiles[name] = summary
+                    heldFiles[name.exact] = summary
                 }
             }
         }
         // Release held files the listing has moved past: `x/` would have come before `last`.
         let last = page.last.map { Array($0.name.utf8) }
         for (name, summary) in heldFiles {
-            let directoryName = Array((prefix + name + "/").utf8)
+            let directoryName = Array((prefix + name.string + "/").utf8)
             if isLastPage || (last.map { directoryName.lexicographicallyPrecedes($0) } ?? false) {
                 heldFiles[name] = nil
-                entries.append(Self.file(name, summary))
+                entries.append(Self.file(name.string, summary))
             }
         }
         return (entries, collisions)

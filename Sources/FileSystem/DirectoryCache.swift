@@ -1,3 +1,5 @@
+import ObjectStore
+
 /// Remembered directory listings and the lookup heuristics around them. A value type with no I/O
 /// and no lock, held in `Filesystem.State`.
 ///
@@ -10,7 +12,7 @@
 ///    keys in it name the old place.
 struct DirectoryCache {
     struct Listing {
-        var entries: [String: DirectoryEntry]
+        var entries: [ExactString: DirectoryEntry]
         var completedAt: Double
     }
 
@@ -38,7 +40,7 @@ struct DirectoryCache {
     /// when the directory changed here since.
     @discardableResult
     mutating func remember(
-        _ entries: [String: DirectoryEntry], for directory: InodeNumber, now: Double, startedAt: UInt64
+        _ entries: [ExactString: DirectoryEntry], for directory: InodeNumber, now: Double, startedAt: UInt64
     ) -> Bool {
         guard changeCount(directory) == startedAt else { return false }
         listings[directory] = Listing(entries: entries, completedAt: now)
@@ -54,7 +56,7 @@ struct DirectoryCache {
     /// A change we made to `name` in `directory` (nil entry: removed).
     mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?) {
         changes[directory, default: 0] += 1
-        listings[directory]?.entries[name] = entry
+        listings[directory]?.entries[name.exact] = entry
     }
 
     /// Forgets the listing of `directory` (renamed, removed, forgotten).

@@ -64,7 +64,7 @@ final class DirectoryReader: Sendable {
             }
             var next = builder
             let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
-            var resolved = ready.filter { $0.name != hidden }
+            var resolved = ready.filter { entry in hidden.map { !entry.name.isSameKey(as: $0) } ?? true }
             for collision in collisions {
                 let resolution = try filesystem.resolve(collision, prefix: prefix)
                 resolved += DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix)

@@ -202,7 +202,7 @@ extension Filesystem {
             if let spool { return try spool.read(offset: offset, length: length, reply: reply) }
             var current = reader
             // Renamed (the file, or a directory above it): the same object under its new key.
-            if let node, node.localVersion != version || (node.linked && node.key != reader.key) {
+            if let node, node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key)) {
                 guard node.linked else {
                     throw FSError(.stale, "read of '\(node.key)': the file was removed after it changed here")
                 }

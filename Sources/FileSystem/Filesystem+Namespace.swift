@@ -262,7 +262,7 @@ extension Filesystem {
         } catch {
             throw FSError(storeError: error, operation: "rmdir", path: directory.key)
         }
-        if page.entries.contains(where: { $0.name != directory.key }) {
+        if page.entries.contains(where: { !$0.name.isSameKey(as: directory.key) }) {
             throw FSError(.notEmpty, "'\(directory.key)' is not empty")
         }
     }
@@ -322,7 +322,7 @@ extension Filesystem {
         let destinationDirectory = try requireWritableDirectory(newParent, name: newName)
         let source = try target(parent, name)
         let newKey = destinationDirectory.key + newName + (source.kind == .directory ? "/" : "")
-        if source.key == newKey { return }
+        if source.key.isSameKey(as: newKey) { return }
         if source.kind == .directory && newKey.utf8.starts(with: source.key.utf8) {
             throw FSError(.invalidArgument, "cannot move '\(source.key)' below itself")
         }

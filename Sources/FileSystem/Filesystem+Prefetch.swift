@@ -41,13 +41,13 @@ extension Filesystem {
     }
 
     struct PrefetchState {
-        var slots: [String: PrefetchSlot] = [:]
+        var slots: [ExactString: PrefetchSlot] = [:]
         var queue: [PrefetchJob] = []
         var next = 0
         var workers = 0
         var stopped = false
         /// Keys we changed while a HEAD of them was running: its answer describes the old object.
-        var stale: Set<String> = []
+        var stale: Set<ExactString> = []
     }
 
     /// Our own change of `keys`, or of every key below `prefixes`: what a HEAD said of them
@@ -55,11 +55,11 @@ extension Filesystem {
     func forgetPrefetched(keys: [String], prefixes: [String] = []) {
         prefetch.withLock { p in
             func drop(_ key: String) {
-                if case .running? = p.slots[key] { p.stale.insert(key) } else { p.slots[key] = nil }
+                if case .running? = p.slots[key.exact] { p.stale.insert(key.exact) } else { p.slots[key.exact] = nil }
             }
             for key in keys { drop(key) }
             guard !prefixes.isEmpty else { return }
-            for key in p.slots.keys where prefixes.contains(where: { key.utf8.starts(with: $0.utf8) }) { drop(key) }
+            for key in p.slots.keys where prefixes.contains(where: { key.string.utf8.starts(with: $0.utf8) }) { drop(key.string) }
         }
     }
 
@@ -85,10 +85,10 @@ extension Filesystem {
         let now = self.now()
         let wanted = entries.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
-        let versions: [String: UInt64] = state.withLock { s in
-            var versions: [String: UInt64] = [:]
+        let versions: [ExactString: UInt64] = state.withLock { s in
+            var versions: [ExactString: UInt64] = [:]
             for entry in wanted {
-                if let node = s.inodes.child(parent, entry.name) { versions[entry.name] = node.attributeVersion }
+                if let node = s.inodes.child(parent, entry.name) { versions[entry.name.exact] = node.attributeVersion }
             }
             return versions
         }
@@ -103,15 +103,15 @@ extension Filesystem {
             // repeated listings of a large directory work through it.
             var queued = 0
             for entry in wanted where queued < limit {
-                switch p.slots[entry.key] {
+                switch p.slots[entry.key.exact] {
                 case .queued?, .running?: continue
                 case .done(_, let etag, let listed, let at)?:
                     if isValid(entry, etag: etag, listed: listed, at: at, now: now) { continue }
                 case nil: break
                 }
                 queued += 1
-                p.slots[entry.key] = .queued
-                p.queue.append(PrefetchJob(parent: parent, entry: entry, version: versions[entry.name] ?? 0))
+                p.slots[entry.key.exact] = .queued
+                p.queue.append(PrefetchJob(parent: parent, entry: entry, version: versions[entry.name.exact] ?? 0))
             }
             let idle = Self.prefetchConcurrency - p.workers
             let starting = max(0, min(idle, p.queue.count - p.next))
@@ -144,10 +144,10 @@ extension Filesystem {
                     let job = p.queue[p.next]
                     p.next += 1
                     // A lookup may have taken the job over (its slot is then no longer queued).
-                    guard case .queued? = p.slots[job.entry.key] else { continue }
+                    guard case .queued? = p.slots[job.entry.key.exact] else { continue }
                     let group = DispatchGroup()
                     group.enter()
-                    p.slots[job.entry.key] = .running(group)
+                    p.slots[job.entry.key.exact] = .running(group)
                     return (job, group)
                 }
                 p.workers -= 1
@@ -177,15 +177,15 @@ extension Filesystem {
     @discardableResult
     func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??, fromWorker: Bool = false) -> Bool {
         prefetch.withLock { p in
-            if fromWorker, p.stale.remove(entry.key) != nil {
-                p.slots[entry.key] = nil
+            if fromWorker, p.stale.remove(entry.key.exact) != nil {
+                p.slots[entry.key.exact] = nil
                 return false
             }
             Self.bound(&p)
             if let answer, entry.kind == .directory || entry.size == 0 || answer?.etag == entry.etag {
-                p.slots[entry.key] = .done(answer, etag: entry.etag, listed: entry.lastModified, at: now())
+                p.slots[entry.key.exact] = .done(answer, etag: entry.etag, listed: entry.lastModified, at: now())
             } else {
-                p.slots[entry.key] = nil  // failed, or the object changed since the listing
+                p.slots[entry.key.exact] = nil  // failed, or the object changed since the listing
             }
             return true
         }
@@ -199,7 +199,7 @@ extension Filesystem {
         guard recorded, let answer else { return }
         state.withLock { s in
             // The node the listed name leads to now, if it still describes the listed object.
-            guard let node = s.inodes.child(job.parent, entry.name), node.kind == entry.kind, node.key == entry.key,
+            guard let node = s.inodes.child(job.parent, entry.name), node.kind == entry.kind, node.key.isSameKey(as: entry.key),
                 s.openFiles[node.inode] == nil
             else { return }
             s.inodes.update(node.inode) { node in
@@ -230,8 +230,8 @@ extension Filesystem {
     func prefetchedMetadata(_ entry: DirectoryEntry, wait: Bool) -> PrefetchAnswer {
         let now = self.now()
         let slot: PrefetchSlot? = prefetch.withLock { p in
-            let slot = p.slots[entry.key]
-            if wait, case .queued? = slot { p.slots[entry.key] = nil }
+            let slot = p.slots[entry.key.exact]
+            if wait, case .queued? = slot { p.slots[entry.key.exact] = nil }
             return slot
         }
         switch slot {

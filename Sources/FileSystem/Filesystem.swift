@@ -220,7 +220,7 @@ public final class Filesystem: Sendable {
         let listed: DirectoryEntry?? = state.withLock { s in
             guard let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return .none }
-            return .some(listing.entries[name])
+            return .some(listing.entries[name.exact])
         }
         var entry: DirectoryEntry
         // The HEAD a lookup outside a listing sent: the file's full description (a DLO's real size
@@ -231,7 +231,7 @@ public final class Filesystem: Sendable {
         case .some(.none): throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
         case .none:
             if let listing = try listForLookups(directory) {
-                guard let found = listing[name] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
+                guard let found = listing[name.exact] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
                 entry = found
             } else {
                 (entry, headed) = try resolve(name: name, prefix: directory.key)
@@ -295,7 +295,7 @@ public final class Filesystem: Sendable {
     /// whole directory (up to `lookupListingLimit` entries) and remembers it, so that a walk over
     /// many names (rsync, `stat` of each file, a build) costs one listing instead of two requests
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
-    func listForLookups(_ directory: Node) throws(FSError) -> [String: DirectoryEntry]? {
+    func listForLookups(_ directory: Node) throws(FSError) -> [ExactString: DirectoryEntry]? {
         let inode = directory.inode
         let now = self.now()
         let start: UInt64? = state.withLock { s in
@@ -326,10 +326,10 @@ public final class Filesystem: Sendable {
     /// Stores a complete listing of directory `inode` that started at change count `startedAt`,
     /// unless the directory changed here since (DirectoryCache rule 2); returns it as a table.
     @discardableResult
-    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64) -> [String: DirectoryEntry] {
-        var table: [String: DirectoryEntry] = [:]
+    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64) -> [ExactString: DirectoryEntry] {
+        var table: [ExactString: DirectoryEntry] = [:]
         table.reserveCapacity(entries.count)
-        for entry in entries { table[entry.name] = entry }
+        for entry in entries { table[entry.name.exact] = entry }
         state.withLock { s in
             guard s.inodes[inode] != nil,
                 s.directories.remember(table, for: inode, now: now(), startedAt: startedAt)
@@ -337,7 +337,7 @@ public final class Filesystem: Sendable {
             // Names the server no longer lists are gone (another client removed them), unless
             // they hold bytes not stored yet.
             for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
-                s.inodes.unhook(parent: inode, name: name)
+                s.inodes.unhook(parent: inode, name: name.string)
             }
             s.sweep()
         }
@@ -427,7 +427,7 @@ public final class Filesystem: Sendable {
 
     /// Whether `name` in `directory` is the reserved parts prefix (only at the container root).
     func isHidden(_ name: String, in directory: Node) -> Bool {
-        directory.kind == .directory && directory.key.isEmpty && name + "/" == Self.partsPrefix
+        directory.kind == .directory && directory.key.isEmpty && (name + "/").isSameKey(as: Self.partsPrefix)
     }
 
     /// Finds `name` below `prefix` on the server: HEAD of the object, a peek below `name/`.
@@ -620,7 +620,7 @@ public final class Filesystem: Sendable {
         let pending: [(String, InodeNumber)] = state.withLock { s in
             let table = table ?? s.directories.anyListing(inode)?.entries ?? [:]
             return s.inodes.children(of: inode).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
-                .sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+                .sorted { $0.key < $1.key }.map { ($0.key.string, $0.value) }
         }
         let start = index - entries.count
         for (i, (name, child)) in pending.enumerated() where i >= start {

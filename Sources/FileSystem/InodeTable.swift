@@ -1,3 +1,5 @@
+import ObjectStore
+
 /// One name the filesystem knows: its identity (inode, parent, name, key, kind) and what the
 /// server, a listing or a local change said about it.
 struct Node {
@@ -76,7 +78,7 @@ struct InodeTable {
     static let root: InodeNumber = 1
 
     private(set) var nodes: [InodeNumber: Node] = [:]
-    private var children: [InodeNumber: [String: InodeNumber]] = [:]
+    private var children: [InodeNumber: [ExactString: InodeNumber]] = [:]
     private var nextInode: InodeNumber = 2
     /// Directories dropped since the last `takeRemovedDirectories` (their listings must go too).
     private var removedDirectories: [InodeNumber] = []
@@ -91,11 +93,11 @@ struct InodeTable {
 
     /// The node `name` in `parent` leads to.
     func child(_ parent: InodeNumber, _ name: String) -> Node? {
-        children[parent]?[name].flatMap { nodes[$0] }
+        children[parent]?[name.exact].flatMap { nodes[$0] }
     }
 
     /// Every name in `parent` with its node.
-    func children(of parent: InodeNumber) -> [String: InodeNumber] { children[parent] ?? [:] }
+    func children(of parent: InodeNumber) -> [ExactString: InodeNumber] { children[parent] ?? [:] }
 
     /// Changes attributes of `inode` (identity and counts stay whatever `body` does); returns the result.
     @discardableResult
@@ -126,14 +128,14 @@ struct InodeTable {
         node.linked = true
         unhook(parent: node.parent, name: node.name)
         nodes[node.inode] = node
-        children[node.parent, default: [:]][node.name] = node.inode
+        children[node.parent, default: [:]][node.name.exact] = node.inode
         return node
     }
 
     /// The node for `name` in `parent` as a listing or HEAD describes it: the node the name leads
     /// to if it has the same kind (its key updated), else a new one. Counts `lookups` kernel lookups.
     mutating func link(parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64) -> Node {
-        if let inode = children[parent]?[name], var node = nodes[inode], node.kind == kind {
+        if let inode = children[parent]?[name.exact], var node = nodes[inode], node.kind == kind {
             node.lookups += lookups
             node.key = key
             nodes[inode] = node
@@ -144,7 +146,7 @@ struct InodeTable {
         node.lookups = lookups
         unhook(parent: parent, name: name)
         nodes[node.inode] = node
-        children[parent, default: [:]][name] = node.inode
+        children[parent, default: [:]][name.exact] = node.inode
         collectIfUnused(node.inode)
         return node
     }
@@ -180,8 +182,8 @@ struct InodeTable {
     /// kernel or a spool holds it, reachable by inode only. Returns that node.
     @discardableResult
     mutating func unhook(parent: InodeNumber, name: String) -> Node? {
-        guard let inode = children[parent]?[name] else { return nil }
-        children[parent]![name] = nil
+        guard let inode = children[parent]?[name.exact] else { return nil }
+        children[parent]![name.exact] = nil
         if children[parent]!.isEmpty { children[parent] = nil }
         nodes[inode]?.linked = false
         let node = nodes[inode]
@@ -196,11 +198,11 @@ struct InodeTable {
     @discardableResult
     mutating func move(_ inode: InodeNumber, to newParent: InodeNumber, name: String, key: String) -> [InodeNumber] {
         guard var node = nodes[inode] else { return [] }
-        if children[node.parent]?[node.name] == inode {
-            children[node.parent]![node.name] = nil
+        if children[node.parent]?[node.name.exact] == inode {
+            children[node.parent]![node.name.exact] = nil
             if children[node.parent]!.isEmpty { children[node.parent] = nil }
         }
-        if children[newParent]?[name] != inode { unhook(parent: newParent, name: name) }
+        if children[newParent]?[name.exact] != inode { unhook(parent: newParent, name: name) }
         let oldParent = node.parent
         let oldKey = node.key
         node.parent = newParent
@@ -208,9 +210,9 @@ struct InodeTable {
         node.key = key
         node.linked = true
         nodes[inode] = node
-        children[newParent, default: [:]][name] = inode
+        children[newParent, default: [:]][name.exact] = inode
         var moved = [inode]
-        if node.kind == .directory && oldKey != key {
+        if node.kind == .directory && !oldKey.isSameKey(as: key) {
             for (other, var descendant) in nodes where other != inode && descendant.key.utf8.starts(with: oldKey.utf8) {
                 descendant.key = key + String(descendant.key.utf8.dropFirst(oldKey.utf8.count))!
                 nodes[other] = descendant
@@ -235,8 +237,8 @@ struct InodeTable {
         nodes[inode] = nil
         children[inode] = nil
         if node.kind == .directory { removedDirectories.append(inode) }
-        if children[node.parent]?[node.name] == inode {
-            children[node.parent]![node.name] = nil
+        if children[node.parent]?[node.name.exact] == inode {
+            children[node.parent]![node.name.exact] = nil
             if children[node.parent]!.isEmpty { children[node.parent] = nil }
             collectIfUnused(node.parent)
         }

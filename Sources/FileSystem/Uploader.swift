@@ -90,8 +90,9 @@ struct Uploader {
         return Result(etag: expected, manifest: store.containerName + "/" + partPrefix)
     }
 
-    /// The most parts one upload makes: one listing page, so that they can be checked.
-    static let maximumParts: Int64 = 10_000
+    /// The most parts one upload makes: fewer than one listing page (10 000), so that one
+    /// listing shows them all and that nothing else is below their prefix.
+    static let maximumParts: Int64 = 9_999
 
     /// `configured`, grown (in whole MiB) when `size` would need more than `maximumParts` parts.
     static func partSize(for size: Int64, configured: Int64) -> Int64 {
@@ -106,12 +107,12 @@ struct Uploader {
         var delay: UInt32 = 100_000
         var seen = ""
         for attempt in 1...6 {
-            let listed = try store.list(prefix: prefix, delimiter: nil, marker: nil, limit: Int(Self.maximumParts) + 1)
-                .entries
-            var matches = listed.count == etags.count
+            let page = try store.list(prefix: prefix, delimiter: nil, marker: nil, limit: Int(Self.maximumParts) + 1)
+            let listed = page.entries
+            var matches = listed.count == etags.count && page.nextMarker == nil
             if matches {
                 for (index, entry) in listed.enumerated() {
-                    guard case .object(let part) = entry, part.key == prefix + Self.partName(index + 1),
+                    guard case .object(let part) = entry, part.key.isSameKey(as: prefix + Self.partName(index + 1)),
                         part.etag == etags[index],
                         part.size == min(partSize, size - Int64(index) * partSize)
                     else {

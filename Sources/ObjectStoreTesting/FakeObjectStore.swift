@@ -45,7 +45,7 @@ public final class FakeObjectStore: ObjectStore {
     static let tick = 1.25
     public let containerName: String
     /// Protects objects and counts.
-    private let state = Locked<(objects: [String: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
+    private let state = Locked<(objects: [ExactString: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
 
     public init(containerName: String = "fake-container") {
         self.containerName = containerName
@@ -61,7 +61,7 @@ public final class FakeObjectStore: ObjectStore {
     ) {
         state.withLock { s in
             s.clock += Self.tick
-            s.objects[key] = Object(bytes: bytes, contentType: contentType, metadata: metadata, manifest: manifest, modified: s.clock)
+            s.objects[key.exact] = Object(bytes: bytes, contentType: contentType, metadata: metadata, manifest: manifest, modified: s.clock)
         }
     }
 
@@ -81,23 +81,23 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     /// The content of an object, resolving DLO manifests (parts in name order).
-    private func content(_ key: String, in objects: [String: Object]) -> [UInt8]? {
-        guard let object = objects[key] else { return nil }
+    private func content(_ key: String, in objects: [ExactString: Object]) -> [UInt8]? {
+        guard let object = objects[key.exact] else { return nil }
         guard let manifest = object.manifest else { return object.bytes }
         let partPrefix = String(manifest.dropFirst(containerName.count + 1))
-        return objects.keys.filter { $0.utf8.starts(with: partPrefix.utf8) }.sorted(by: Self.byteOrder)
+        return objects.keys.filter { $0.string.utf8.starts(with: partPrefix.utf8) }.sorted()
             .flatMap { objects[$0]!.bytes }
     }
 
-    private func info(_ key: String, in objects: [String: Object]) throws(ObjectStoreError) -> ObjectInfo {
-        guard let object = objects[key], let bytes = content(key, in: objects) else {
+    private func info(_ key: String, in objects: [ExactString: Object]) throws(ObjectStoreError) -> ObjectInfo {
+        guard let object = objects[key.exact], let bytes = content(key, in: objects) else {
             throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
         }
         var etag = object.etag
         if let manifest = object.manifest {
             // As Swift: the ETag of a DLO is derived from its parts' ETags, in name order.
             let partPrefix = String(manifest.dropFirst(containerName.count + 1))
-            let parts = objects.keys.filter { $0.utf8.starts(with: partPrefix.utf8) }.sorted(by: Self.byteOrder)
+            let parts = objects.keys.filter { $0.string.utf8.starts(with: partPrefix.utf8) }.sorted()
             etag = manifestETag(partETags: parts.map { objects[$0]!.etag })
         }
         return ObjectInfo(
@@ -113,21 +113,24 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
-        state.withLock { s in
+        // As the real client: the protocol allows at most 10 000 entries per request.
+        precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
+        return state.withLock { s in
             s.counts.list += 1
             var entries: [ListEntry] = []
             var lastPrefix: String? = nil
-            for key in s.objects.keys.sorted(by: Self.byteOrder) {
+            for key in s.objects.keys.sorted().map(\.string) {
                 guard key.utf8.starts(with: prefix.utf8) else { continue }
                 if let marker, !Self.byteOrder(marker, key) { continue }
                 let rest = Substring(key.utf8.dropFirst(prefix.utf8.count))
                 if let delimiter, let range = rest.firstRange(of: delimiter) {
                     let common = prefix + rest[..<range.upperBound]
-                    if common == lastPrefix || common == marker { continue }
+                    if let last = lastPrefix, common.isSameKey(as: last) { continue }
+                    if let marker, common.isSameKey(as: marker) { continue }
                     lastPrefix = common
                     entries.append(.commonPrefix(common))
                 } else {
-                    let o = s.objects[key]!
+                    let o = s.objects[key.exact]!
                     entries.append(.object(ObjectSummary(
                         key: key, size: Int64(o.bytes.count), etag: o.etag, contentType: o.contentType,
                         lastModified: o.modified)))
@@ -190,7 +193,7 @@ public final class FakeObjectStore: ObjectStore {
         return state.withLock { s in
             s.counts.put += 1
             s.clock += Self.tick
-            s.objects[key] = Object(
+            s.objects[key.exact] = Object(
                 bytes: bytes, contentType: contentType ?? "application/octet-stream", metadata: metadata, manifest: nil,
                 modified: s.clock)
             return Self.etag(bytes)
@@ -202,7 +205,7 @@ public final class FakeObjectStore: ObjectStore {
         state.withLock { s in
             s.counts.put += 1
             s.clock += Self.tick
-            s.objects[key] = Object(
+            s.objects[key.exact] = Object(
                 bytes: [], contentType: contentType ?? "application/octet-stream", metadata: metadata,
                 manifest: containerName + "/" + partPrefix, modified: s.clock)
         }
@@ -211,11 +214,11 @@ public final class FakeObjectStore: ObjectStore {
     public func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError) {
         try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.copy += 1
-            guard var object = s.objects[source] else {
+            guard var object = s.objects[source.exact] else {
                 throw ObjectStoreError(.notFound, "'\(source)' does not exist", httpStatus: 404)
             }
             if let metadata { object.metadata = metadata }
-            s.objects[destination] = object
+            s.objects[destination.exact] = object
         }
     }
 
@@ -223,7 +226,7 @@ public final class FakeObjectStore: ObjectStore {
         try Self.check(key: key, metadata: metadata)
         try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.post += 1
-            guard var object = s.objects[key] else {
+            guard var object = s.objects[key.exact] else {
                 throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
             }
             object.contentType = contentType
@@ -232,7 +235,7 @@ public final class FakeObjectStore: ObjectStore {
             // As Swift (fast POST): the listing shows the time of the metadata change.
             s.clock += Self.tick
             object.modified = s.clock
-            s.objects[key] = object
+            s.objects[key.exact] = object
         }
     }
 
@@ -242,12 +245,12 @@ public final class FakeObjectStore: ObjectStore {
     public func failNextPuts(_ count: Int) { state.withLock { $0.failPuts = count } }
 
     /// Every key, sorted.
-    public var keys: [String] { state.withLock { $0.objects.keys.sorted(by: Self.byteOrder) } }
+    public var keys: [String] { state.withLock { $0.objects.keys.sorted().map(\.string) } }
 
     /// The stored content and metadata of `key` (manifests resolved), without counting.
     public func object(_ key: String) -> (bytes: [UInt8], contentType: String, metadata: [String: String])? {
         state.withLock { s in
-            guard let o = s.objects[key], let bytes = content(key, in: s.objects) else { return nil }
+            guard let o = s.objects[key.exact], let bytes = content(key, in: s.objects) else { return nil }
             return (bytes, o.contentType, o.metadata)
         }
     }
@@ -265,7 +268,7 @@ public final class FakeObjectStore: ObjectStore {
     public func delete(key: String) throws(ObjectStoreError) {
         try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.delete += 1
-            guard s.objects.removeValue(forKey: key) != nil else {
+            guard s.objects.removeValue(forKey: key.exact) != nil else {
                 throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
             }
         }

@@ -380,4 +380,28 @@ struct IntegrityTests {
         try close(fs, opened.handle)
         #expect(store.object("f")?.bytes == Array("real contentX".utf8))
     }
+
+    /// Item 6: "café" precomposed and decomposed are two keys and two files: reading, removing or
+    /// renaming one never acts on the other.
+    @Test func namesThatDifferOnlyInNormalisationAreTwoFiles() throws {
+        let nfc = "caf\u{E9}"
+        let nfd = "cafe\u{301}"
+        let store = FakeObjectStore()
+        store.seed(nfc, text: "precomposed")
+        store.seed(nfd, text: "decomposed")
+        func keys() -> [[UInt8]] { store.keys.map { Array($0.utf8) } }
+        #expect(keys().count == 2)
+        let fs = makeFilesystem(store)
+        #expect(try list(fs, root).map { Array($0.utf8) }.sorted { $0.lexicographicallyPrecedes($1) } == keys())
+        let a = try fs.lookup(parent: root, name: nfc)
+        let b = try fs.lookup(parent: root, name: nfd)
+        #expect(a.inode != b.inode)
+        #expect(try read(fs, a.inode) == "precomposed")
+        #expect(try read(fs, b.inode) == "decomposed")
+        try fs.unlink(parent: root, name: nfd)
+        #expect(keys() == [Array(nfc.utf8)])
+        try fs.rename(parent: root, name: nfc, newParent: root, newName: nfd, noReplace: false)
+        #expect(keys() == [Array(nfd.utf8)])
+        #expect(store.object(nfd)?.bytes == Array("precomposed".utf8))
+    }
 }

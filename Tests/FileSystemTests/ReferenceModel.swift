@@ -7,6 +7,37 @@ import Synchronization
 
 @testable import FileSystem
 
+/// Byte order, as listings sort.
+func byteOrder(_ a: String, _ b: String) -> Bool { a.utf8.lexicographicallyPrecedes(b.utf8) }
+
+extension String {
+    func startsWithBytes(_ prefix: String) -> Bool { utf8.starts(with: prefix.utf8) }
+}
+
+/// A dictionary keyed by strings compared as bytes (see `ExactString`): the model's names are
+/// keys, and two spellings of "é" are two of them.
+struct ExactDictionary<Value>: Sequence {
+    private var storage: [ExactString: Value] = [:]
+
+    init() {}
+    init(_ elements: [String: Value]) { for (key, value) in elements { storage[key.exact] = value } }
+
+    subscript(key: String) -> Value? {
+        get { storage[key.exact] }
+        set { storage[key.exact] = newValue }
+    }
+
+    var keys: [String] { storage.keys.map(\.string) }
+    var values: Dictionary<ExactString, Value>.Values { storage.values }
+
+    mutating func removeValue(forKey key: String) -> Value? { storage.removeValue(forKey: key.exact) }
+
+    func makeIterator() -> AnyIterator<(key: String, value: Value)> {
+        var inner = storage.makeIterator()
+        return AnyIterator { inner.next().map { (key: $0.key.string, value: $0.value) } }
+    }
+}
+
 /// A clock the test moves: cache ages (`dir_timeout`, `attr_timeout`) pass without waiting.
 final class ManualClock: Sendable {
     private let seconds = Locked<Double>(1_000)
@@ -36,7 +67,7 @@ final class ModelObject {
 
 /// The reference tree: path (no leading slash; "" is the root, never stored) to object.
 struct ReferenceTree {
-    var objects: [String: ModelObject] = [:]
+    var objects = ExactDictionary<ModelObject>()
 
     static func parent(_ path: String) -> String {
         guard let slash = path.lastIndex(of: "/") else { return "" }
@@ -53,14 +84,14 @@ struct ReferenceTree {
     func isDirectory(_ path: String) -> Bool { path.isEmpty || objects[path]?.kind == .directory }
 
     func children(of directory: String) -> [String] {
-        objects.keys.filter { Self.parent($0) == directory && !$0.isEmpty }.map(Self.name).sorted()
+        objects.keys.filter { Self.parent($0).isSameKey(as: directory) && !$0.isEmpty }.map(Self.name).sorted(by: byteOrder)
     }
 
-    var directories: [String] { [""] + objects.filter { $0.value.kind == .directory }.map(\.key).sorted() }
+    var directories: [String] { [""] + objects.filter { $0.value.kind == .directory }.map(\.key).sorted(by: byteOrder) }
 
     /// Moves `from` and everything below it to `to` (which is free, or was removed by the caller).
     mutating func move(_ from: String, to: String) {
-        for path in objects.keys.sorted() where path == from || path.hasPrefix(from + "/") {
+        for path in objects.keys.sorted(by: byteOrder) where path.isSameKey(as: from) || path.startsWithBytes(from + "/") {
             objects[to + path.dropFirst(from.count)] = objects.removeValue(forKey: path)
         }
     }
@@ -71,7 +102,7 @@ struct ReferenceTree {
 final class KernelSimulator {
     var fs: Filesystem
     /// path -> inode of names the kernel has looked up (and not expired).
-    var dentries: [String: InodeNumber] = ["": Filesystem.rootInode]
+    var dentries = ExactDictionary<InodeNumber>(["": Filesystem.rootInode])
     /// Lookups the kernel holds per inode (to be forgotten).
     var lookups: [InodeNumber: UInt64] = [:]
 
@@ -106,18 +137,18 @@ final class KernelSimulator {
     }
 
     func moved(_ from: String, to: String) {
-        for path in dentries.keys where path == to || path.hasPrefix(to + "/") { dentries[path] = nil }
-        for path in dentries.keys.sorted() where path == from || path.hasPrefix(from + "/") {
+        for path in dentries.keys where path.isSameKey(as: to) || path.startsWithBytes(to + "/") { dentries[path] = nil }
+        for path in dentries.keys.sorted(by: byteOrder) where path.isSameKey(as: from) || path.startsWithBytes(from + "/") {
             dentries[to + path.dropFirst(from.count)] = dentries.removeValue(forKey: path)
         }
     }
 
     func dropped(_ path: String) {
-        for p in dentries.keys where p == path || p.hasPrefix(path + "/") { dentries[p] = nil }
+        for p in dentries.keys where p.isSameKey(as: path) || p.startsWithBytes(path + "/") { dentries[p] = nil }
     }
 
     /// The dentry cache times out: every name is looked up again.
-    func expire() { dentries = ["": Filesystem.rootInode] }
+    func expire() { dentries = ExactDictionary(["": Filesystem.rootInode]) }
 
     /// Memory pressure: inodes without open files are forgotten.
     func evict(keeping: Set<InodeNumber>) {
@@ -167,8 +198,9 @@ final class ReferenceModelRun {
     var owed: [ModelObject] = []
     var trace: [String] = []
     var operations = 0
-    /// Names are drawn from a small pool, so that operations collide (rename over, create again).
-    let names = ["a", "b", "c", "d", "e f", "g"]
+    /// Names are drawn from a small pool, so that operations collide (rename over, create again);
+    /// "é" precomposed and decomposed are two names, as they are two keys.
+    let names = ["a", "b", "c", "d", "e f", "g", "caf\u{E9}", "cafe\u{301}"]
 
     init(seed: UInt64) throws {
         self.seed = seed
@@ -209,7 +241,7 @@ final class ReferenceModelRun {
     }
 
     func existingPath(_ kinds: Set<NodeKind> = [.file, .directory, .symlink]) -> String? {
-        pick(tree.objects.filter { kinds.contains($0.value.kind) }.map(\.key).sorted())
+        pick(tree.objects.filter { kinds.contains($0.value.kind) }.map(\.key).sorted(by: byteOrder))
     }
 
     /// Mostly an existing path of these kinds, sometimes any path (to see the errors).
@@ -459,10 +491,10 @@ final class ReferenceModelRun {
             var expected = parentError(from) ?? (tree.objects[from] == nil ? .notFound : nil) ?? parentError(to)
             let source = tree.objects[from]
             let target = tree.objects[to]
-            if expected == nil, let source, from != to {
+            if expected == nil, let source, !from.isSameKey(as: to) {
                 // The kernel refuses moving a directory below itself, and onto an ancestor (not empty).
-                if to.hasPrefix(from + "/") { return }
-                if from.hasPrefix(to + "/") { expected = .notEmpty }
+                if to.startsWithBytes(from + "/") { return }
+                if from.startsWithBytes(to + "/") { expected = .notEmpty }
                 if expected == nil, let target {
                     switch (source.kind == .directory, target.kind == .directory) {
                     case (true, false): expected = .notADirectory
@@ -472,7 +504,7 @@ final class ReferenceModelRun {
                     }
                 }
             }
-            if expected == .notEmpty && from.hasPrefix(to + "/") { return }  // the kernel's own check
+            if expected == .notEmpty && from.startsWithBytes(to + "/") { return }  // the kernel's own check
             let done: Void? = try expect(expected, "rename \(from) -> \(to)") { () throws(FSError) in
                 let sourceParent = try kernel.parentOf(from)
                 let targetParent = try kernel.parentOf(to)
@@ -480,7 +512,7 @@ final class ReferenceModelRun {
                     parent: sourceParent, name: ReferenceTree.name(from), newParent: targetParent,
                     newName: ReferenceTree.name(to), noReplace: false)
             }
-            guard done != nil, from != to else { return }
+            guard done != nil, !from.isSameKey(as: to) else { return }
             tree.objects[to] = nil
             tree.move(from, to: to)
             kernel.moved(from, to: to)
@@ -657,7 +689,7 @@ final class ReferenceModelRun {
     func checkEverything() throws {
         try step("check the whole tree") {
             for directory in tree.directories { try checkListing(directory, plus: false) }
-            for path in tree.objects.keys.sorted() { try check(path) }
+            for path in tree.objects.keys.sorted(by: byteOrder) { try check(path) }
         }
     }
 
@@ -695,8 +727,9 @@ final class ReferenceModelRun {
             }
         }
         let expected = tree.children(of: directory)
-        if seen.sorted() != expected || Set(seen).count != seen.count {
-            throw fail("ls \(directory.isEmpty ? "/" : directory) shows \(seen.sorted()), expected \(expected)")
+        let shown = seen.sorted(by: byteOrder)
+        if shown.map({ Array($0.utf8) }) != expected.map({ Array($0.utf8) }) {
+            throw fail("ls \(directory.isEmpty ? "/" : directory) shows \(shown), expected \(expected)")
         }
     }
 
