@@ -16,6 +16,8 @@ final class DirectoryReader: Sendable {
         var entries: [DirectoryEntry] = []
         var marker: String? = nil
         var complete = false
+        /// Aliases of shadowed files not yet certain (see `entries`).
+        var heldAliases: [ExactString: DirectoryEntry] = [:]
     }
 
     /// Protects the listing progress. The kernel serialises readdir per open directory, so fetching
@@ -65,11 +67,30 @@ final class DirectoryReader: Sendable {
             var next = builder
             let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
             var resolved = ready.filter { entry in hidden.map { !entry.name.isSameKey(as: $0) } ?? true }
+            var aliases: [DirectoryEntry] = []
             for collision in collisions {
                 let resolution = try filesystem.resolve(collision, prefix: prefix)
-                resolved += DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix)
+                for entry in DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix) {
+                    if entry.kind != .directory && !entry.name.isSameKey(as: collision.name) {
+                        aliases.append(entry)
+                    } else {
+                        resolved.append(entry)
+                    }
+                }
             }
+            let lastName = page.entries.last.map(\.name)
             state.withLock { s in
+                // An alias (`x~object`) waits until the listing passed where its name would be (as a
+                // file or a directory, see DirectoryBuilder): a real
+                // key of that name (which sorts after `x/`) takes the name instead.
+                for entry in resolved { s.heldAliases[entry.name.exact] = nil }
+                for alias in aliases { s.heldAliases[alias.name.exact] = alias }
+                let complete = page.nextMarker == nil
+                for (name, alias) in s.heldAliases
+                where complete || lastName.map({ (prefix + name.string + "/").utf8.lexicographicallyPrecedes($0.utf8) }) ?? false {
+                    s.heldAliases[name] = nil
+                    resolved.append(alias)
+                }
                 s.builder = next
                 s.entries += resolved
                 s.marker = page.nextMarker

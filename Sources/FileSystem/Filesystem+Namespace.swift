@@ -44,8 +44,18 @@ extension Filesystem {
         }
     }
 
-    private func newAttributes(mode: UInt16, caller: Caller) -> StoredAttributes {
-        StoredAttributes(mode: mode & 0o7777, uid: caller.uid, gid: caller.gid, mtime: Timestamp.now())
+    /// The attributes of a name made now by `caller` in `directory`. In a setgid directory the new
+    /// entry takes the directory's group, and a new subdirectory keeps the setgid bit (as ext4).
+    private func newAttributes(mode: UInt16, caller: Caller, in directory: Node, isDirectory: Bool = false)
+        -> StoredAttributes
+    {
+        var stored = StoredAttributes(mode: mode & 0o7777, uid: caller.uid, gid: caller.gid, mtime: Timestamp.now())
+        let parent = attributes(of: directory)
+        if parent.permissions & 0o2000 != 0 {
+            stored.gid = parent.gid
+            if isDirectory { stored.mode = (mode & 0o7777) | 0o2000 }
+        }
+        return stored
     }
 
     /// Creates a file and opens it for writing. It is stored when it is closed.
@@ -58,7 +68,7 @@ extension Filesystem {
             var node = Node(
                 inode: 0, parent: parent, name: name, kind: .file, key: directory.key + name, size: 0, etag: "",
                 lastModified: Timestamp.now())
-            node.stored = newAttributes(mode: mode, caller: caller)
+            node.stored = newAttributes(mode: mode, caller: caller, in: directory)
             node.baseContentType = "application/octet-stream"
             node = insert(node, in: &s)
             let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true, baseETag: "")
@@ -88,7 +98,7 @@ extension Filesystem {
     public func mkdir(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError) -> Attributes {
         let directory = try requireWritableDirectory(parent, name: name, suffix: 1)
         let prefix = directory.key + name + "/"
-        let stored = newAttributes(mode: mode, caller: caller)
+        let stored = newAttributes(mode: mode, caller: caller, in: directory, isDirectory: true)
         forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
         do {
             try store.put(
@@ -113,7 +123,7 @@ extension Filesystem {
     public func symlink(parent: InodeNumber, name: String, target: String, caller: Caller) throws(FSError) -> Attributes {
         let directory = try requireWritableDirectory(parent, name: name)
         let key = directory.key + name
-        var stored = newAttributes(mode: 0o777, caller: caller)
+        var stored = newAttributes(mode: 0o777, caller: caller, in: directory)
         stored.mode = nil
         var metadata = stored.metadata(mergedInto: [:])
         // svfs's header, when the target fits in a header as it is; the body always holds it.

@@ -58,6 +58,13 @@ public final class Filesystem: Sendable {
     let logger: Logger
     let spool: Spool
 
+    /// An open directory: its listing, and whether readdir read from it (offset 0 again is then
+    /// `rewinddir`, which must show what changed since).
+    struct OpenDirectory {
+        var reader: DirectoryReader
+        var read = false
+    }
+
     enum Handle {
         /// A read-only handle on an object that nobody was writing through this mount at open.
         case remote(FileReader, InodeNumber, localVersion: UInt64)
@@ -68,7 +75,7 @@ public final class Filesystem: Sendable {
     struct State {
         var inodes: InodeTable
         var directories = DirectoryCache()
-        var directoryHandles: [UInt64: DirectoryReader] = [:]
+        var directoryHandles: [UInt64: OpenDirectory] = [:]
         var fileHandles: [UInt64: Handle] = [:]
         /// Spools by inode: files open for writing, and closed files whose upload is pending.
         var openFiles: [InodeNumber: SpoolFile] = [:]
@@ -502,21 +509,27 @@ public final class Filesystem: Sendable {
     public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
-        // A listing younger than dir_timeout answers readdir too (`ls -l` twice in a row: one LIST).
-        let remembered: [DirectoryEntry]? = state.withLock { s in
-            guard let listing = s.directories.listing(inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
-            else { return nil }
-            return listing.entries.values.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
-        }
-        let reader =
-            remembered.map { DirectoryReader(prefix: directory.key, remembered: $0, startedAt: 0) }
-            ?? makeDirectoryReader(directory)
+        let reader = directoryReader(directory)
         return state.withLock { s in
             let handle = s.nextHandle
             s.nextHandle += 1
-            s.directoryHandles[handle] = reader
+            s.directoryHandles[handle] = OpenDirectory(reader: reader)
             return handle
         }
+    }
+
+    /// The listing of `directory` as it is now: a remembered one younger than dir_timeout (which
+    /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
+    private func directoryReader(_ directory: Node) -> DirectoryReader {
+        let remembered: [DirectoryEntry]? = state.withLock { s in
+            guard
+                let listing = s.directories.listing(
+                    directory.inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
+            else { return nil }
+            return listing.entries.values.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+        }
+        return remembered.map { DirectoryReader(prefix: directory.key, remembered: $0, startedAt: 0) }
+            ?? makeDirectoryReader(directory)
     }
 
     /// One thing readdir shows.
@@ -591,8 +604,17 @@ public final class Filesystem: Sendable {
     }
 
     private func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
-        guard let reader = state.withLock({ $0.directoryHandles[handle] }) else {
+        guard var open = state.withLock({ $0.directoryHandles[handle] }) else {
             throw FSError(.invalidArgument, "unknown directory handle \(handle)")
+        }
+        if offset == 0 && open.read {
+            // rewinddir: entries made or removed since opendir show now.
+            open.reader = directoryReader(try node(inode))
+        }
+        open.read = true
+        let reader = open.reader
+        state.withLock { s in
+            if s.directoryHandles[handle] != nil { s.directoryHandles[handle] = open }
         }
         let parent = state.withLock { $0.inodes[inode]?.parent } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }

@@ -404,4 +404,57 @@ struct IntegrityTests {
         #expect(keys() == [Array(nfd.utf8)])
         #expect(store.object(nfd)?.bytes == Array("precomposed".utf8))
     }
+
+    /// Item 4: a directory renamed while files in it are being written: every one of them is
+    /// stored under the new name, none under the old.
+    @Test func aDirectoryRenamedWhileFilesInItAreWrittenTakesThemAll() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let d = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller)
+        let (_, one) = try fs.create(parent: d.inode, name: "one", mode: 0o644, caller: caller)
+        let (_, two) = try fs.create(parent: d.inode, name: "two", mode: 0o644, caller: caller)
+        try write(fs, one.handle, "1")
+        try write(fs, two.handle, "2")
+        try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false)
+        try write(fs, two.handle, "2b", at: 1)
+        try close(fs, one.handle)
+        try close(fs, two.handle)
+        #expect(store.keys == ["e/", "e/one", "e/two"])
+        #expect(store.object("e/two")?.bytes == Array("22b".utf8))
+    }
+
+    /// Item 9: a file whose upload is owed, in a directory renamed once the store answers again,
+    /// is stored under the new name; no note is left naming the old one.
+    @Test func anOwedFileMovesWithItsDirectory() throws {
+        let store = FakeObjectStore()
+        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let fs = makeFilesystem(store, spool: spool)
+        let d = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller)
+        let (_, opened) = try fs.create(parent: d.inode, name: "f", mode: 0o644, caller: caller)
+        try write(fs, opened.handle, "owed")
+        store.failNextPuts(2)
+        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
+        fs.release(handle: opened.handle)
+        try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false)
+        #expect(store.keys == ["e/", "e/f"])
+        fs.shutdown()
+        let next = makeFilesystem(store, spool: spool)
+        next.recoverPendingUploads()
+        #expect(store.keys == ["e/", "e/f"], "a later mount must not bring d/f back")
+        next.shutdown()
+    }
+
+    /// Item 6: an object really named `x~object` beside a file `x` shadowed by a directory `x`:
+    /// one name, one object, each reachable.
+    @Test func theShadowAliasNeverCollidesWithARealKey() throws {
+        let store = FakeObjectStore()
+        store.seed("x", text: "shadowed file")
+        store.seed("x/child", text: "child")
+        store.seed("x~object", text: "a real object")
+        let fs = makeFilesystem(store)
+        let names = try list(fs, root)
+        #expect(names.count == Set(names).count, "\(names)")
+        let real = try fs.lookup(parent: root, name: "x~object")
+        #expect(try read(fs, real.inode) == "a real object")
+    }
 }

@@ -107,4 +107,46 @@ struct PosixTests {
             #expect(error.code == .nameTooLong)
         }
     }
+
+    @Test func aSetgidDirectoryGivesItsGroupAndItsBit() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let shared = try fs.mkdir(parent: root, name: "shared", mode: 0o2775, caller: Caller(uid: 1, gid: 50))
+        #expect(shared.permissions == 0o2775 && shared.gid == 50)
+        let (file, opened) = try fs.create(parent: shared.inode, name: "f", mode: 0o644, caller: caller)
+        fs.release(handle: opened.handle)
+        #expect(file.gid == 50)
+        let sub = try fs.mkdir(parent: shared.inode, name: "sub", mode: 0o755, caller: caller)
+        #expect(sub.gid == 50 && sub.permissions == 0o2755)
+        let plain = try fs.mkdir(parent: root, name: "plain", mode: 0o755, caller: caller)
+        let inPlain = try fs.mkdir(parent: plain.inode, name: "x", mode: 0o755, caller: caller)
+        #expect(inPlain.gid == caller.gid && inPlain.permissions == 0o755)
+    }
+
+    /// rewinddir shows what changed since opendir (it replayed the first listing).
+    @Test func rewinddirShowsEntriesMadeSinceOpendir() throws {
+        let store = FakeObjectStore()
+        store.seed("a", text: "a")
+        let fs = makeFilesystem(store)
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        func readAll() throws -> [String] {
+            var names: [String] = []
+            var offset: Int64 = 0
+            while true {
+                var count = 0
+                try fs.readdir(root, handle: handle, offset: offset) { name, _, _, next in
+                    count += 1
+                    offset = next
+                    if name != "." && name != ".." { names.append(name) }
+                    return true
+                }
+                if count == 0 { return names }
+            }
+        }
+        #expect(try readAll() == ["a"])
+        _ = try createFile(fs, "b", "b")
+        try fs.unlink(parent: root, name: "a")
+        #expect(try readAll() == ["b"])
+    }
 }

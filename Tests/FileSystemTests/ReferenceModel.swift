@@ -196,6 +196,9 @@ final class ReferenceModelRun {
     /// Objects whose last close failed: their bytes are owed (a retry or the next mount stores
     /// them). Another client does not touch them in this model (conflicts have their own tests).
     var owed: [ModelObject] = []
+    /// Directories held open across operations (handle, inode, the directory's object; nil for
+    /// the root): rewinddir on them must show the directory as it is now.
+    var openDirectories: [(handle: UInt64, inode: InodeNumber, object: ModelObject?)] = []
     var trace: [String] = []
     var operations = 0
     /// Names are drawn from a small pool, so that operations collide (rename over, create again);
@@ -320,7 +323,8 @@ final class ReferenceModelRun {
         case 61..<64: try rmdirPath()
         case 64..<70: try mkdirPath()
         case 70..<72: try symlinkPath()
-        case 72..<78: try listDirectory()
+        case 72..<76: try listDirectory()
+        case 76..<78: try rewindOpenDirectory()
         case 78..<84: try statPath()
         case 84..<87: try expireCaches()
         case 87..<89: try evictInodes()
@@ -591,6 +595,61 @@ final class ReferenceModelRun {
         try check(path)
     }
 
+    /// opendir (kept open), or rewinddir of a directory kept open since earlier operations.
+    func rewindOpenDirectory() throws {
+        if openDirectories.isEmpty || chance(0.3) {
+            let path = pick(tree.directories)!
+            try step("opendir \(path.isEmpty ? "/" : path) and keep it open") {
+                let opened = try expect(nil, "opendir \(path)") { () throws(FSError) in
+                    let inode = try kernel.resolve(path)
+                    return (try kernel.fs.opendir(inode), inode)
+                }
+                guard let (handle, inode) = opened else { return }
+                openDirectories.append((handle, inode, path.isEmpty ? nil : tree.objects[path]))
+                _ = try readDirectory(handle, inode, from: 0)
+            }
+            return
+        }
+        let index = Int.random(in: 0..<openDirectories.count, using: &random)
+        let open = openDirectories[index]
+        let closing = chance(0.3)
+        try step("rewinddir of directory handle \(open.handle)\(closing ? ", closedir" : "")") {
+            // Where the directory is now (renamed with it); a removed one is not compared.
+            let path: String? = open.object == nil ? "" : tree.objects.first(where: { $0.value === open.object })?.key
+            if let path {
+                let names = try readDirectory(open.handle, open.inode, from: 0)
+                let expected = tree.children(of: path)
+                if names.sorted(by: byteOrder).map({ Array($0.utf8) }) != expected.map({ Array($0.utf8) }) {
+                    throw fail("rewinddir of \(path.isEmpty ? "/" : path) shows \(names.sorted(by: byteOrder)), expected \(expected)")
+                }
+            }
+            if closing {
+                kernel.fs.releasedir(handle: open.handle)
+                openDirectories.remove(at: index)
+            }
+        }
+    }
+
+    /// Every name readdir of an open directory handle shows from `offset`.
+    func readDirectory(_ handle: UInt64, _ inode: InodeNumber, from start: Int64) throws -> [String] {
+        var names: [String] = []
+        _ = try expect(nil, "readdir of handle \(handle)") { () throws(FSError) in
+            var offset = start
+            while true {
+                var count = 0
+                try kernel.fs.readdir(inode, handle: handle, offset: offset) { name, _, _, next in
+                    guard count < 5 else { return false }
+                    count += 1
+                    offset = next
+                    if name != "." && name != ".." { names.append(name) }
+                    return true
+                }
+                if count == 0 { break }
+            }
+        }
+        return names
+    }
+
     func listDirectory() throws {
         let path = pick(tree.directories)!
         let plus = chance(0.6)
@@ -611,13 +670,15 @@ final class ReferenceModelRun {
 
     func evictInodes() throws {
         try step("the kernel forgets every inode without an open file") {
-            kernel.evict(keeping: Set(handles.map(\.inode)))
+            kernel.evict(keeping: Set(handles.map(\.inode) + openDirectories.map(\.inode)))
         }
     }
 
     func remount() throws {
         try step("unmount (closing every handle) and mount again") {
             while !handles.isEmpty { try close(handleIndex: handles.count - 1) }
+            for open in openDirectories { kernel.fs.releasedir(handle: open.handle) }
+            openDirectories = []
             kernel.fs.shutdown()
             kernel = KernelSimulator(try Filesystem(store: faulty, configuration: configuration, logger: Self.quietLogger))
             kernel.fs.recoverPendingUploads()
