@@ -92,7 +92,7 @@ struct DirectoryBuilder {
     static func file(_ name: String, _ summary: ObjectSummary) -> DirectoryEntry {
         let base = StoredAttributes.parse(contentType: summary.contentType).base
         return DirectoryEntry(
-            name: name, kind: base == StoredAttributes.symlinkContentType ? .symlink : .file, key: summary.key, size: summary.size, etag: summary.etag,
+            name: name, kind: NodeKind.of(baseContentType: base), key: summary.key, size: summary.size, etag: summary.etag,
             lastModified: Timestamp(summary.lastModified), contentType: summary.contentType)
     }
 

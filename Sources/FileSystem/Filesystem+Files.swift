@@ -52,6 +52,8 @@ extension Filesystem {
         switch node.kind {
         case .directory: throw FSError(.isADirectory, "open of a directory")
         case .symlink: throw FSError(.invalidArgument, "open of a symlink")
+        // The kernel opens FIFOs and sockets itself: a FIFO shows data only between its openers.
+        case .fifo, .socket: throw FSError(.invalidArgument, "open of a FIFO or socket through the filesystem")
         case .file: break
         }
         if (writable || truncate) && configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
@@ -545,7 +547,9 @@ extension Filesystem {
         if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
         let node = try node(inode)
         if let size = changes.size {
-            guard node.kind == .file else { throw FSError(.isADirectory, "truncate of a directory") }
+            guard node.kind == .file else {
+                throw FSError(node.kind == .directory ? .isADirectory : .invalidArgument, "truncate of a \(node.kind)")
+            }
             try truncate(node, to: size)
         }
         let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
@@ -619,7 +623,7 @@ extension Filesystem {
                 try store.post(
                     key: node.key, contentType: node.stored.contentType(base: node.baseContentType),
                     metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
-            case .file, .symlink:
+            case .file, .symlink, .fifo, .socket:
                 let info = try store.head(key: node.key)
                 let base = StoredAttributes.parse(contentType: info.contentType).base
                 try store.post(

@@ -84,15 +84,49 @@ extension Filesystem {
         return (attributes(of: result.0), OpenResult(handle: result.2, keepCache: false))
     }
 
-    /// mknod: regular files only (stored at once, empty); other types are EPERM.
-    public func mknod(parent: InodeNumber, name: String, mode: UInt16, isRegular: Bool, caller: Caller) throws(FSError)
+    /// mknod: a regular file (stored at once, empty), a FIFO or a socket (an empty object whose
+    /// content type names the type); `kind` nil (a device) is EPERM.
+    public func mknod(parent: InodeNumber, name: String, mode: UInt16, kind: NodeKind?, caller: Caller) throws(FSError)
         -> Attributes
     {
-        guard isRegular else { throw FSError(.notPermitted, "only regular files can be stored") }
-        let (attributes, opened) = try create(parent: parent, name: name, mode: mode, caller: caller)
-        defer { release(handle: opened.handle) }
-        try flush(handle: opened.handle)
-        return attributes
+        switch kind {
+        case .file?:
+            let (attributes, opened) = try create(parent: parent, name: name, mode: mode, caller: caller)
+            defer { release(handle: opened.handle) }
+            try flush(handle: opened.handle)
+            return attributes
+        case .fifo?, .socket?:
+            return try makeSpecial(kind!, parent: parent, name: name, mode: mode, caller: caller)
+        case .directory?, .symlink?, nil:
+            throw FSError(.notPermitted, "device files cannot be stored")
+        }
+    }
+
+    private func makeSpecial(_ kind: NodeKind, parent: InodeNumber, name: String, mode: UInt16, caller: Caller)
+        throws(FSError) -> Attributes
+    {
+        let directory = try requireWritableDirectory(parent, name: name)
+        let key = directory.key + name
+        let base = kind == .fifo ? StoredAttributes.fifoContentType : StoredAttributes.socketContentType
+        let stored = newAttributes(mode: mode, caller: caller, in: directory)
+        forgetPrefetched(keys: [key])
+        let etag: String
+        do {
+            etag = try store.put(
+                key: key, body: .bytes([]), contentType: stored.contentType(base: base),
+                metadata: stored.metadata(mergedInto: [:]))
+        } catch {
+            throw FSError(storeError: error, operation: "mknod", path: key)
+        }
+        let node: Node = state.withLock { s in
+            var node = Node(inode: 0, parent: parent, name: name, kind: kind, key: key, etag: etag, lastModified: Timestamp.now())
+            node.stored = stored
+            node.baseContentType = base
+            node = insert(node, in: &s)
+            updateListing(parent, name: name, entry: entry(for: node), in: &s)
+            return node
+        }
+        return attributes(of: node)
     }
 
     public func mkdir(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError) -> Attributes {

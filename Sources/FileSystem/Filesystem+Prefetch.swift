@@ -73,7 +73,7 @@ extension Filesystem {
     static func needsMetadata(_ entry: DirectoryEntry) -> Bool {
         switch entry.kind {
         case .directory: return true
-        case .symlink: return false
+        case .symlink, .fifo, .socket: return false
         case .file: return entry.size == 0 || StoredAttributes.parse(contentType: entry.contentType).attributes.mtime == nil
         }
     }
@@ -208,7 +208,7 @@ extension Filesystem {
                     guard node.attributeVersion == job.version else { return }
                     node.stored = answer.map(StoredAttributes.of) ?? StoredAttributes()
                     node.confirmedAt = now()
-                case .file, .symlink:
+                case .file, .symlink, .fifo, .socket:
                     guard let info = answer, info.etag == node.etag else { return }
                     apply(info, to: &node, seenAtVersion: job.version)
                 }

@@ -126,12 +126,12 @@ public final class Filesystem: Sendable {
         let defaultMode: UInt16
         switch node.kind {
         case .directory: defaultMode = 0o777 & ~configuration.umask
-        case .file: defaultMode = 0o666 & ~configuration.umask
+        case .file, .fifo, .socket: defaultMode = 0o666 & ~configuration.umask
         case .symlink: defaultMode = 0o777
         }
         let size: Int64
         switch node.kind {
-        case .directory: size = 0
+        case .directory, .fifo, .socket: size = 0
         case .file: size = node.size
         case .symlink: size = Int64(node.symlinkTarget?.utf8.count ?? Int(node.size))
         }
@@ -396,7 +396,7 @@ public final class Filesystem: Sendable {
         into node: inout Node
     ) {
         switch entry.kind {
-        case .file, .symlink:
+        case .file, .symlink, .fifo, .socket:
             let unchanged = node.attributeVersion == version
             if let info {
                 if node.etag != entry.etag && info.etag == entry.etag {
@@ -492,7 +492,7 @@ public final class Filesystem: Sendable {
     static func entry(name: String, info: ObjectInfo) -> DirectoryEntry {
         let base = StoredAttributes.parse(contentType: info.contentType).base
         return DirectoryEntry(
-            name: name, kind: base == StoredAttributes.symlinkContentType ? .symlink : .file, key: info.key,
+            name: name, kind: NodeKind.of(baseContentType: base), key: info.key,
             size: info.size, etag: info.etag, lastModified: Timestamp(info.lastModified), contentType: info.contentType)
     }
 

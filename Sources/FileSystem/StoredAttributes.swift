@@ -25,6 +25,9 @@ public struct StoredAttributes: Sendable, Equatable {
 
     static let parameterPrefix = "cssp-"
     public static let symlinkContentType = "application/link"
+    /// The freedesktop shared-mime-info names of these inode types.
+    public static let fifoContentType = "inode/fifo"
+    public static let socketContentType = "inode/socket"
     static let symlinkTargetHeader = "symlink-target"
 
     /// The content type without csspfs's parameters, and the attributes they carried.

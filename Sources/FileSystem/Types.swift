@@ -7,6 +7,23 @@ public enum NodeKind: Sendable, Equatable {
     case file
     case directory
     case symlink
+    /// A FIFO or a socket: an empty object that only records the name, type and mode (as s3fs
+    /// stores them), so that tar and rsync -a of trees holding them work.
+    case fifo
+    case socket
+
+    /// The content type (without parameters) that marks each kind that is not a plain file.
+    static func of(baseContentType base: String) -> NodeKind {
+        switch base {
+        case StoredAttributes.symlinkContentType: return .symlink
+        case StoredAttributes.fifoContentType: return .fifo
+        case StoredAttributes.socketContentType: return .socket
+        default: return .file
+        }
+    }
+
+    /// Kinds stored as one object whose attributes a HEAD and a POST handle (not directories).
+    var isObject: Bool { self != .directory }
 }
 
 /// What `stat` shows for a node.

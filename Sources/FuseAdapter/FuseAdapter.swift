@@ -234,9 +234,15 @@ public final class FuseAdapter: Sendable {
         let caller = Self.caller(reply.request)
         serve("mknod", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             let name = try Self.new(raw)
+            let kind: NodeKind?
+            switch mode & S_IFMT {
+            case 0, S_IFREG: kind = .file
+            case S_IFIFO: kind = .fifo
+            case S_IFSOCK: kind = .socket
+            default: kind = nil  // devices: EPERM
+            }
             let attributes = try filesystem.mknod(
-                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode),
-                isRegular: (mode & S_IFMT) == S_IFREG || (mode & S_IFMT) == 0, caller: caller)
+                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode & 0o7777), kind: kind, caller: caller)
             r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
         }
     }

@@ -114,6 +114,8 @@ struct Reply: ~Copyable {
         case .directory: return S_IFDIR
         case .file: return S_IFREG
         case .symlink: return S_IFLNK
+        case .fifo: return S_IFIFO
+        case .socket: return S_IFSOCK
         }
     }
 

@@ -322,7 +322,8 @@ final class ReferenceModelRun {
         case 56..<61: try unlinkPath()
         case 61..<64: try rmdirPath()
         case 64..<70: try mkdirPath()
-        case 70..<72: try symlinkPath()
+        case 70..<71: try symlinkPath()
+        case 71..<72: try mknodSpecial()
         case 72..<76: try listDirectory()
         case 76..<78: try rewindOpenDirectory()
         case 78..<84: try statPath()
@@ -445,6 +446,7 @@ final class ReferenceModelRun {
             var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
             if expected == nil, tree.objects[path]!.kind == .directory { expected = .isADirectory }
             if expected == nil, tree.objects[path]!.kind == .symlink { return }  // truncate follows symlinks
+            if expected == nil, [.fifo, .socket].contains(tree.objects[path]!.kind) { expected = .invalidArgument }
             let done: Void? = try expect(expected, "truncate \(path)") { () throws(FSError) in
                 _ = try kernel.fs.setattr(try kernel.resolve(path), AttributeChanges(size: Int64(size)))
             }
@@ -456,7 +458,7 @@ final class ReferenceModelRun {
     }
 
     func chmodPath() throws {
-        let path = targetPath([.file, .directory])
+        let path = targetPath([.file, .directory, .fifo, .socket])
         let mode: UInt16 = [0o600, 0o644, 0o755, 0o700, 0o640][Int.random(in: 0..<5, using: &random)]
         let chown = chance(0.3)
         try step("ch\(chown ? "own 7:8 and chmod" : "mod") \(String(mode, radix: 8)) \(path)") {
@@ -474,7 +476,7 @@ final class ReferenceModelRun {
     }
 
     func utimensPath() throws {
-        let path = targetPath([.file, .directory])
+        let path = targetPath([.file, .directory, .fifo, .socket])
         let time = Timestamp(seconds: Int64.random(in: 1_000_000_000...1_800_000_000, using: &random), nanoseconds: Int32.random(in: 0..<1_000_000_000, using: &random))
         try step("utimens \(path) \(time)") {
             let expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
@@ -488,7 +490,7 @@ final class ReferenceModelRun {
     }
 
     func renamePath() throws {
-        let from = targetPath([.file, .directory, .symlink])
+        let from = targetPath([.file, .directory, .symlink, .fifo, .socket])
         var to = anyPath()
         if chance(0.4), let existing = existingPath([tree.objects[from]?.kind ?? .file]) { to = existing }
         try step("rename \(from) -> \(to)") {
@@ -527,7 +529,7 @@ final class ReferenceModelRun {
     }
 
     func unlinkPath() throws {
-        let path = targetPath([.file, .symlink])
+        let path = targetPath([.file, .symlink, .fifo, .socket])
         try step("unlink \(path)") {
             var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
             if expected == nil, tree.objects[path]!.kind == .directory { expected = .isADirectory }
@@ -573,6 +575,25 @@ final class ReferenceModelRun {
         }
         try check(path)
         try check(ReferenceTree.parent(path))
+    }
+
+    /// mkfifo, or a socket's bind: an empty object of that type.
+    func mknodSpecial() throws {
+        let path = anyPath()
+        let kind: NodeKind = chance(0.5) ? .fifo : .socket
+        let mode: UInt16 = chance(0.5) ? 0o644 : 0o600
+        try step("mknod \(kind) \(path) \(String(mode, radix: 8))") {
+            let expected = parentError(path) ?? (tree.objects[path] == nil ? nil : .exists)
+            let done = try expect(expected, "mknod \(path)") { () throws(FSError) in
+                let parent = try kernel.parentOf(path)
+                if try kernel.existing(path) != nil { throw FSError(.exists, "exists (the kernel's lookup)") }
+                let attributes = try kernel.fs.mknod(
+                    parent: parent, name: ReferenceTree.name(path), mode: mode, kind: kind, caller: caller)
+                kernel.counted(path, attributes.inode)
+            }
+            if done != nil { tree.objects[path] = ModelObject(kind: kind, mode: mode, uid: caller.uid, gid: caller.gid) }
+        }
+        try check(path)
     }
 
     func symlinkPath() throws {
@@ -657,7 +678,7 @@ final class ReferenceModelRun {
     }
 
     func statPath() throws {
-        let path = targetPath([.file, .directory, .symlink])
+        let path = targetPath([.file, .directory, .symlink, .fifo, .socket])
         try step("stat and read \(path)") { try check(path) }
     }
 
@@ -821,6 +842,8 @@ final class ReferenceModelRun {
         case .symlink:
             let target = try expect(nil, "readlink \(path)") { () throws(FSError) in try kernel.fs.readlink(attributes.inode) }
             if target != object.target { throw fail("readlink \(path) is \(target ?? "-"), expected \(object.target)") }
+        case .fifo, .socket:
+            if attributes.size != 0 { throw fail("\(path), a \(object.kind), has size \(attributes.size)") }
         case .file:
             if attributes.size != Int64(object.bytes.count) {
                 throw fail("\(path) has size \(attributes.size), expected \(object.bytes.count)")
