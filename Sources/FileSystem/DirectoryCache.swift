@@ -23,6 +23,24 @@ struct DirectoryCache {
     var lastResolved: [InodeNumber: Double] = [:]
     /// Directories being listed for lookups right now (one listing at a time each).
     var listingForLookup: Set<InodeNumber> = []
+    /// Inode numbers readdir showed for names that had no node yet (d_ino), per directory: the
+    /// node a later lookup makes takes the same number.
+    private var reserved: [InodeNumber: [ExactString: InodeNumber]] = [:]
+
+    /// The number readdir shows for `name` in `directory` without a node: reserved once, with
+    /// `allocate`, then the same until the directory is dropped.
+    mutating func reservedInode(_ directory: InodeNumber, _ name: String, allocate: () -> InodeNumber) -> InodeNumber {
+        if let number = reserved[directory]?[name.exact] { return number }
+        let number = allocate()
+        reserved[directory, default: [:]][name.exact] = number
+        return number
+    }
+
+    /// Takes the number reserved for `name`, if any: a node is being made for it, which owns the
+    /// number from now on.
+    mutating func takeReservation(_ directory: InodeNumber, _ name: String) -> InodeNumber? {
+        reserved[directory]?.removeValue(forKey: name.exact)
+    }
 
     /// The remembered listing of `directory` if it is younger than `maximumAge`.
     func listing(_ directory: InodeNumber, now: Double, maximumAge: Double) -> Listing? {
@@ -64,6 +82,7 @@ struct DirectoryCache {
         changes[directory, default: 0] += 1
         listings[directory] = nil
         lastResolved[directory] = nil
+        reserved[directory] = nil
     }
 }
 
@@ -73,5 +92,6 @@ extension DirectoryCache {
         listings[directory] = nil
         changes[directory] = nil
         lastResolved[directory] = nil
+        reserved[directory] = nil
     }
 }

@@ -46,8 +46,6 @@ import Glibc
 ///    mount (see `read`). Locks: the LOCKING block above.
 public final class Filesystem: Sendable {
     public static let rootInode: InodeNumber = 1
-    /// The inode number readdir reports for names the kernel has not looked up yet.
-    public static let unknownInode: InodeNumber = 0xFFFF_FFFF
     /// The longest object key the store takes (Swift's default `max_object_name_length`).
     public static let maximumKeyLength = 1024
     /// Where multipart parts live, relative to the container (see `Uploader`).
@@ -367,7 +365,8 @@ public final class Filesystem: Sendable {
     ) -> Attributes {
         let parentKey = s.inodes[parent]?.key ?? configuration.rootPrefix
         let linked = s.inodes.link(
-            parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1)
+            parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1,
+            reserved: s.directories.takeReservation(parent, entry.name))
         if let open = s.openFiles[linked.inode] {
             // The spool describes the file (changes not stored yet): the server's view must not win.
             var node = linked
@@ -550,7 +549,7 @@ public final class Filesystem: Sendable {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, next)
             case .listed(let entry):
-                let known = state.withLock { s in s.inodes.child(inode, entry.name)?.inode } ?? Self.unknownInode
+                let known = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, entry.kind, known, next)
             case .local(let name, let child): return emit(name, .file, child, next)
             }
@@ -596,7 +595,7 @@ public final class Filesystem: Sendable {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, nil, next)
             case .listed(let entry):
-                let known = state.withLock { s in s.inodes.child(inode, entry.name)?.inode } ?? Self.unknownInode
+                let known = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, entry.kind, known, nil, next)
             case .local(let name, let child): return emit(name, .file, child, nil, next)
             }
@@ -630,6 +629,16 @@ public final class Filesystem: Sendable {
                 index += 1
                 if !emit(.listed(entry), Int64(index) + 2) { return }
             }
+        }
+    }
+
+    /// The inode number readdir shows for `name`: its node's, else one reserved for it, which the
+    /// node a later lookup makes will take (so that d_ino and st_ino agree).
+    private func shownInode(_ name: String, kind: NodeKind, in directory: InodeNumber) -> InodeNumber {
+        state.withLock { s in
+            // A node of another kind is the name's old object: a lookup makes a new one.
+            if let node = s.inodes.child(directory, name), node.kind == kind { return node.inode }
+            return s.directories.reservedInode(directory, name) { s.inodes.reserveInode() }
         }
     }
 

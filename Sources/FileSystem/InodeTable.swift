@@ -134,21 +134,36 @@ struct InodeTable {
 
     /// The node for `name` in `parent` as a listing or HEAD describes it: the node the name leads
     /// to if it has the same kind (its key updated), else a new one. Counts `lookups` kernel lookups.
-    mutating func link(parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64) -> Node {
+    /// `reserved`: the number readdir already showed for the name (`reserveInode`), used when it
+    /// is free, so that d_ino and st_ino agree.
+    mutating func link(
+        parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64, reserved: InodeNumber? = nil
+    ) -> Node {
         if let inode = children[parent]?[name.exact], var node = nodes[inode], node.kind == kind {
             node.lookups += lookups
             node.key = key
             nodes[inode] = node
             return node
         }
-        var node = Node(inode: nextInode, parent: parent, name: name, kind: kind, key: key)
-        nextInode += 1
+        var number = nextInode
+        if let reserved, nodes[reserved] == nil, reserved < nextInode, reserved != Self.root {
+            number = reserved
+        } else {
+            nextInode += 1
+        }
+        var node = Node(inode: number, parent: parent, name: name, kind: kind, key: key)
         node.lookups = lookups
         unhook(parent: parent, name: name)
         nodes[node.inode] = node
         children[parent, default: [:]][name.exact] = node.inode
         collectIfUnused(node.inode)
         return node
+    }
+
+    /// A number for a name readdir shows before any node exists for it (see `link`).
+    mutating func reserveInode() -> InodeNumber {
+        defer { nextInode += 1 }
+        return nextInode
     }
 
     /// The kernel dropped `count` lookups.

@@ -295,6 +295,11 @@ struct WriteTests {
         let again = try scene.mount()
         let types = try shell("cd \(quoted(again.directory)) && stat -c '%F %a' fifo sock")
         #expect(types.stdout.hasPrefix("fifo 640\nsocket "), "\(types.stdout)\(types.stderr)")
+        // d_ino from readdir is the inode stat shows (find, du and ls -i rely on it), also for
+        // names not looked up before the listing.
+        let inodes = try shell(
+            "cd \(quoted(again.directory)) && python3 -c 'import os; print(all(e.inode() == os.lstat(e.name).st_ino for e in os.scandir(\".\")))'")
+        #expect(inodes.stdout == "True\n", "\(inodes.stdout)\(inodes.stderr)")
         #expect(try again.unmount() == 0)
     }
 }

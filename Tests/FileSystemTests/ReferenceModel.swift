@@ -779,6 +779,7 @@ final class ReferenceModelRun {
         guard let inode = try expect(nil, "resolve directory \(directory)", { () throws(FSError) in try kernel.resolve(directory) })
         else { return }
         var seen: [String] = []
+        var shownInodes: [(String, InodeNumber)] = []
         _ = try expect(nil, "list \(directory)") { () throws(FSError) in
             let handle = try kernel.fs.opendir(inode)
             defer { kernel.fs.releasedir(handle: handle) }
@@ -797,11 +798,14 @@ final class ReferenceModelRun {
                         return true
                     }
                 } else {
-                    try kernel.fs.readdir(inode, handle: handle, offset: offset) { name, _, _, next in
+                    try kernel.fs.readdir(inode, handle: handle, offset: offset) { name, _, number, next in
                         guard count < 5 else { return false }
                         count += 1
                         offset = next
-                        if name != "." && name != ".." { seen.append(name) }
+                        if name != "." && name != ".." {
+                            seen.append(name)
+                            shownInodes.append((name, number))
+                        }
                         return true
                     }
                 }
@@ -812,6 +816,16 @@ final class ReferenceModelRun {
         let shown = seen.sorted(by: byteOrder)
         if shown.map({ Array($0.utf8) }) != expected.map({ Array($0.utf8) }) {
             throw fail("ls \(directory.isEmpty ? "/" : directory) shows \(shown), expected \(expected)")
+        }
+        // d_ino is the inode a lookup of the name gives (ls -i, find and du compare them).
+        for (name, number) in shownInodes {
+            let path = ReferenceTree.join(directory, name)
+            let looked = try expect(nil, "lookup of listed \(path)") { () throws(FSError) in
+                let found = try kernel.fs.lookup(parent: inode, name: name).inode
+                kernel.counted(path, found)
+                return found
+            }
+            if let looked, looked != number { throw fail("readdir shows \(path) as inode \(number), stat as \(looked)") }
         }
     }
 
