@@ -432,11 +432,15 @@ extension Filesystem {
                     }
                     return o.earlyParts
                 }
+                // The parts this upload makes unreachable are those of the manifest at the key now,
+                // read again: another mount may have renamed the file (its parts then belong to
+                // the new name) or replaced it.
+                let replaced: String? = node.manifest == nil ? nil : (try? store.head(key: node.key))?.manifest
                 let result = try uploader.upload(
                     path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
                     metadata: metadata, early: early, generations: snapshot.partGenerations)
-                if let old = node.manifest, old != result.manifest {
-                    uploader.deleteParts(manifest: old, ofKey: node.key)
+                if let replaced, replaced != result.manifest {
+                    uploader.deleteParts(manifest: replaced, ofKey: node.key)
                 }
                 etag = result.etag
                 manifest = result.manifest

@@ -442,15 +442,19 @@ extension Filesystem {
             do throws(ObjectStoreError) {
                 let info = try store.head(key: source.key)
                 if let manifest = info.manifest {
-                    let container = store.containerName + "/"
-                    var partPrefix = String(manifest.dropFirst(container.count))
-                    if !partPrefix.utf8.starts(with: Filesystem.partsPrefix.utf8) {
-                        // Parts below the old name would turn into a directory there: move them to ours.
-                        partPrefix = try moveParts(from: partPrefix)
+                    // The new name points at the same parts. Only parts below the old name itself
+                    // (the SDK's layout) move, to ours: left there they would turn into a
+                    // directory of that name. Parts anywhere else (another container, another
+                    // prefix) are not ours to move.
+                    var target = manifest
+                    if let partPrefix = store.localPartPrefix(ofManifest: manifest),
+                        partPrefix.utf8.starts(with: (source.key + "/").utf8)
+                    {
+                        target = store.containerName + "/" + (try moveParts(from: partPrefix))
                     }
-                    try store.putManifest(key: key, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
+                    try store.putManifest(key: key, manifest: target, contentType: info.contentType, metadata: info.metadata)
                     try store.delete(key: source.key)
-                    newManifest = container + partPrefix
+                    newManifest = target
                 } else {
                     try store.copy(from: source.key, to: key, metadata: nil)
                     try store.delete(key: source.key)
@@ -509,9 +513,13 @@ extension Filesystem {
                 let newKey = destination + String(summary.key.dropFirst(source.count))
                 // Only zero-byte objects can be DLO manifests; they move as manifests, not as bytes.
                 if summary.size == 0, case let info = try store.head(key: summary.key), let manifest = info.manifest {
-                    let partPrefix = String(manifest.dropFirst(store.containerName.count + 1))
-                    try store.putManifest(
-                        key: newKey, partPrefix: partPrefix, contentType: info.contentType, metadata: info.metadata)
+                    // Parts below the directory move with it (they are keys below it): the new
+                    // manifest points at their new place. Parts elsewhere stay where they are.
+                    var target = manifest
+                    if let partPrefix = store.localPartPrefix(ofManifest: manifest), partPrefix.utf8.starts(with: source.utf8) {
+                        target = store.containerName + "/" + destination + String(partPrefix.utf8.dropFirst(source.utf8.count))!
+                    }
+                    try store.putManifest(key: newKey, manifest: target, contentType: info.contentType, metadata: info.metadata)
                 } else {
                     try store.copy(from: summary.key, to: newKey, metadata: nil)
                 }

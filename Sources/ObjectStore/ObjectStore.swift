@@ -142,9 +142,10 @@ public protocol ObjectStore: Sendable {
     /// Unlike `put`, it may check the bytes after storing them: a part is seen only via a manifest.
     func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String
 
-    /// Writes a zero-byte DLO manifest whose parts are the keys starting with `partPrefix`.
+    /// Writes a zero-byte DLO manifest: `manifest` is the `X-Object-Manifest` value,
+    /// `container/prefix` (the parts may live in another container, as the swift CLI puts them).
     func putManifest(
-        key: String, partPrefix: String, contentType: String?, metadata: [String: String]
+        key: String, manifest: String, contentType: String?, metadata: [String: String]
     ) throws(ObjectStoreError)
 
     /// Server-side copy of `source` to `destination`, keeping metadata unless `metadata` is given.
@@ -181,6 +182,23 @@ extension ObjectStore {
         if let range { bytes.reserveCapacity(Int(range.length)) }
         _ = try get(key: key, range: range) { bytes.append(contentsOf: $0) }
         return bytes
+    }
+}
+
+extension ObjectStore {
+    /// A DLO manifest whose parts are the keys of this container starting with `partPrefix`.
+    public func putManifest(
+        key: String, partPrefix: String, contentType: String?, metadata: [String: String]
+    ) throws(ObjectStoreError) {
+        try putManifest(key: key, manifest: containerName + "/" + partPrefix, contentType: contentType, metadata: metadata)
+    }
+
+    /// The part prefix of a DLO manifest value when the parts are in this container (nil: they
+    /// are elsewhere, or the value is not `container/prefix`).
+    public func localPartPrefix(ofManifest manifest: String) -> String? {
+        let container = containerName + "/"
+        guard manifest.utf8.starts(with: container.utf8), manifest.utf8.count > container.utf8.count else { return nil }
+        return String(manifest.utf8.dropFirst(container.utf8.count))
     }
 }
 

@@ -121,13 +121,13 @@ public final class HTTPObjectStore: ObjectStore {
             .invalidResponse, "part '\(key)' was stored with a different MD5 than was sent, three times")
     }
 
-    public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String])
+    public func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
         throws(ObjectStoreError)
     {
         var request = Request(method: "PUT", key: key)
         request.body = .bytes([])
         request.contentType = contentType ?? "application/octet-stream"
-        let target = PercentEncoding.encode(configuration.container + "/" + partPrefix, keepSlash: true)
+        let target = PercentEncoding.encode(manifest, keepSlash: true)
         request.headers.append(("X-Object-Manifest", target))
         request.headers += Self.metadataHeaders(metadata)
         _ = try send(request)

@@ -84,7 +84,8 @@ public final class FakeObjectStore: ObjectStore {
     private func content(_ key: String, in objects: [ExactString: Object]) -> [UInt8]? {
         guard let object = objects[key.exact] else { return nil }
         guard let manifest = object.manifest else { return object.bytes }
-        let partPrefix = String(manifest.dropFirst(containerName.count + 1))
+        // Parts in another container are not held here: such a manifest reads as empty.
+        guard let partPrefix = localPartPrefix(ofManifest: manifest) else { return [] }
         return objects.keys.filter { $0.string.utf8.starts(with: partPrefix.utf8) }.sorted()
             .flatMap { objects[$0]!.bytes }
     }
@@ -96,7 +97,7 @@ public final class FakeObjectStore: ObjectStore {
         var etag = object.etag
         if let manifest = object.manifest {
             // As Swift: the ETag of a DLO is derived from its parts' ETags, in name order.
-            let partPrefix = String(manifest.dropFirst(containerName.count + 1))
+            let partPrefix = localPartPrefix(ofManifest: manifest) ?? "\u{0}"
             let parts = objects.keys.filter { $0.string.utf8.starts(with: partPrefix.utf8) }.sorted()
             etag = manifestETag(partETags: parts.map { objects[$0]!.etag })
         }
@@ -200,14 +201,14 @@ public final class FakeObjectStore: ObjectStore {
         }
     }
 
-    public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) {
+    public func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) {
         try Self.check(key: key, metadata: metadata)
         state.withLock { s in
             s.counts.put += 1
             s.clock += Self.tick
             s.objects[key.exact] = Object(
                 bytes: [], contentType: contentType ?? "application/octet-stream", metadata: metadata,
-                manifest: containerName + "/" + partPrefix, modified: s.clock)
+                manifest: manifest, modified: s.clock)
         }
     }
 

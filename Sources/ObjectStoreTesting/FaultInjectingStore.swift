@@ -149,11 +149,11 @@ public final class FaultInjectingStore: ObjectStore {
         try run(.putPart, key) { () throws(ObjectStoreError) in try wrapped.putPart(key: key, body: body) }
     }
 
-    public func putManifest(key: String, partPrefix: String, contentType: String?, metadata: [String: String])
+    public func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
         throws(ObjectStoreError)
     {
         try run(.putManifest, key) { () throws(ObjectStoreError) in
-            try wrapped.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
+            try wrapped.putManifest(key: key, manifest: manifest, contentType: contentType, metadata: metadata)
         }
     }
 

@@ -457,4 +457,64 @@ struct IntegrityTests {
         let real = try fs.lookup(parent: root, name: "x~object")
         #expect(try read(fs, real.inode) == "a real object")
     }
+
+    /// Item 7: a directory rename keeps an SDK-layout DLO (parts below its own key) whole: the
+    /// parts move with the directory and the new manifest points at them.
+    @Test func aDirectoryRenameKeepsAnSDKLayoutDLOWhole() throws {
+        let store = FakeObjectStore()
+        store.seed("d/f/up1/00000001", text: "first part, ")
+        store.seed("d/f/up1/00000002", text: "second part")
+        store.seed("d/f", manifest: store.containerName + "/d/f/up1/")
+        let fs = makeFilesystem(store)
+        let d = try fs.lookup(parent: root, name: "d")
+        #expect(try list(fs, d.inode) == ["f"])
+        try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false)
+        #expect(store.object("e/f")?.bytes == Array("first part, second part".utf8))
+        #expect(!store.keys.contains { $0.hasPrefix("d/") })
+        let fresh = makeFilesystem(store)
+        let e = try fresh.lookup(parent: root, name: "e")
+        #expect(try list(fresh, e.inode) == ["f"])
+    }
+
+    /// Item 7: a manifest whose parts are in another container (the swift CLI's `_segments`) is
+    /// renamed pointing at the same parts, and nothing of ours is taken for its parts.
+    @Test func aDLOWithPartsElsewhereIsRenamedWithoutTouchingOtherKeys() throws {
+        let store = FakeObjectStore()
+        let elsewhere = store.containerName + "_segments/f/1/"
+        store.seed("f", manifest: elsewhere)
+        store.seed("segments/f/1/x", text: "not a part of f")  // what a misparsed prefix would name
+        let fs = makeFilesystem(store)
+        _ = try fs.lookup(parent: root, name: "f")
+        try fs.rename(parent: root, name: "f", newParent: root, newName: "g", noReplace: false)
+        #expect(try store.head(key: "g").manifest == elsewhere)
+        #expect(store.object("segments/f/1/x")?.bytes == Array("not a part of f".utf8))
+        #expect(store.keys == ["g", "segments/f/1/x"])
+    }
+
+    /// Item 7: overwriting a multipart file deletes the parts of the manifest at its key now, not
+    /// of a manifest remembered from before: another mount renamed the file meanwhile.
+    @Test func anOverwriteNeverDeletesPartsAnotherMountsRenameKept() throws {
+        let store = FakeObjectStore()
+        func mount() -> Filesystem {
+            var configuration = FilesystemConfiguration()
+            configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+            configuration.multipartThreshold = 64 << 10
+            configuration.partSize = 16 << 10
+            return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        }
+        let a = mount()
+        let content = (0..<(100 << 10)).map { UInt8(truncatingIfNeeded: $0 &* 3) }
+        let (f, opened) = try a.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try content.withUnsafeBytes { try a.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try close(a, opened.handle)
+        let b = mount()
+        _ = try b.lookup(parent: root, name: "f")
+        try b.rename(parent: root, name: "f", newParent: root, newName: "g", noReplace: false)
+        // Mount a still believes f is its multipart file, and writes f anew.
+        let again = try a.open(f.inode, writable: true, truncate: true)
+        try write(a, again.handle, "a new, small f")
+        try close(a, again.handle)
+        #expect(store.object("g")?.bytes == content, "g lost its parts")
+        #expect(store.object("f")?.bytes == Array("a new, small f".utf8))
+    }
 }
