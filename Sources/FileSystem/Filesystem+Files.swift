@@ -40,10 +40,7 @@ extension Filesystem {
 
     private func register(_ handle: Handle) -> UInt64 {
         state.withLock { s in
-            let number = s.nextHandle
-            s.nextHandle += 1
-            s.fileHandles[number] = handle
-            return number
+            s.handles.open(handle)
         }
     }
 
@@ -186,7 +183,7 @@ extension Filesystem {
     }
 
     private func handle(_ number: UInt64) throws(FSError) -> Handle {
-        guard let handle = state.withLock({ $0.fileHandles[number] }) else {
+        guard let handle = state.withLock({ $0.handles.file(number) }) else {
             throw FSError(.invalidArgument, "unknown file handle \(number)")
         }
         return handle
@@ -210,9 +207,7 @@ extension Filesystem {
                 }
                 current = makeReader(node)
                 state.withLock { s in
-                    if case .remote? = s.fileHandles[number] {
-                        s.fileHandles[number] = .remote(current, inode, localVersion: node.localVersion)
-                    }
+                    s.handles.replace(number, with: .remote(current, inode, localVersion: node.localVersion))
                 }
             }
             try current.read(offset: offset, length: length, reply: reply)
@@ -260,7 +255,7 @@ extension Filesystem {
     }
 
     public func release(handle number: UInt64) {
-        guard let handle = state.withLock({ $0.fileHandles.removeValue(forKey: number) }) else { return }
+        guard let handle = state.withLock({ $0.handles.closeFile(number) }) else { return }
         guard case .spool(let open, let writable) = handle else { return }
         detach(open, writable: writable)
     }

@@ -75,9 +75,7 @@ extension Filesystem {
             _ = open.state.withLock { $0.attach(writable: true) }
             s.openFiles[node.inode] = open
             s.inodes.pin(node.inode)
-            let handle = s.nextHandle
-            s.nextHandle += 1
-            s.fileHandles[handle] = .spool(open, writable: true)
+            let handle = s.handles.open(.spool(open, writable: true))
             updateListing(parent, name: name, entry: entry(for: node), in: &s)
             return (node, open, handle)
         }

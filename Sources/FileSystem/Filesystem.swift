@@ -31,8 +31,9 @@ import Glibc
 /// synchronous, thread-safe and may block on the network.
 ///
 /// Subtleties:
-/// 1. Nodes, names and lookup counts belong to `InodeTable`; listings to `DirectoryCache`. Both
-///    are value types in `State`, and no other code writes their tables.
+/// 1. Nodes, names and lookup counts belong to `InodeTable`; listings to `DirectoryCache`; open
+///    handles to `HandleTable`; each spool's life to `SpoolState`. The tables
+///    are value types in `State`, and no other code writes them.
 /// 2. A complete directory listing is remembered for `directoryCacheSeconds` and answers lookups
 ///    in that directory, which is what makes `ls -l` cost one listing instead of a HEAD per entry.
 ///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
@@ -73,11 +74,9 @@ public final class Filesystem: Sendable {
     struct State {
         var inodes: InodeTable
         var directories = DirectoryCache()
-        var directoryHandles: [UInt64: OpenDirectory] = [:]
-        var fileHandles: [UInt64: Handle] = [:]
+        var handles = HandleTable()
         /// Spools by inode: files open for writing, and closed files whose upload is pending.
         var openFiles: [InodeNumber: SpoolFile] = [:]
-        var nextHandle: UInt64 = 1
         var statistics: (value: FilesystemStatistics, at: Double)?
 
         /// Drops the listings of directories the inode table no longer holds.
@@ -510,10 +509,7 @@ public final class Filesystem: Sendable {
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
         let reader = directoryReader(directory)
         return state.withLock { s in
-            let handle = s.nextHandle
-            s.nextHandle += 1
-            s.directoryHandles[handle] = OpenDirectory(reader: reader)
-            return handle
+            s.handles.open(OpenDirectory(reader: reader))
         }
     }
 
@@ -603,7 +599,7 @@ public final class Filesystem: Sendable {
     }
 
     private func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
-        guard var open = state.withLock({ $0.directoryHandles[handle] }) else {
+        guard var open = state.withLock({ $0.handles.directory(handle) }) else {
             throw FSError(.invalidArgument, "unknown directory handle \(handle)")
         }
         if offset == 0 && open.read {
@@ -613,7 +609,7 @@ public final class Filesystem: Sendable {
         open.read = true
         let reader = open.reader
         state.withLock { s in
-            if s.directoryHandles[handle] != nil { s.directoryHandles[handle] = open }
+            s.handles.update(handle, open)
         }
         let parent = state.withLock { $0.inodes[inode]?.parent } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }
@@ -660,7 +656,7 @@ public final class Filesystem: Sendable {
     }
 
     public func releasedir(handle: UInt64) {
-        state.withLock { _ = $0.directoryHandles.removeValue(forKey: handle) }
+        state.withLock { $0.handles.closeDirectory(handle) }
     }
 
     /// Resolves a readdir collision (see DirectoryBuilder).
