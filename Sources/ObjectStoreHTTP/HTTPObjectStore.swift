@@ -429,8 +429,20 @@ public final class HTTPObjectStore: ObjectStore {
         let modified =
             Double(h["x-timestamp"] ?? "") ?? h["last-modified"].flatMap { HTTPDate.parse($0) } ?? 0
         return ObjectInfo(
-            key: key, size: size, etag: Self.unquote(h["etag"] ?? ""), contentType: h["content-type"] ?? "",
+            key: key, size: size, etag: Self.versionETag(h), contentType: h["content-type"] ?? "",
             lastModified: modified, metadata: metadata, manifest: h["x-object-manifest"].map { PercentEncoding.decode($0) ?? $0 })
+    }
+
+    /// The ETag that names this version of the object as listings name it. A Static Large Object
+    /// answers with the MD5 of its segments' ETags, while listings show its manifest's ETag
+    /// (`X-Manifest-Etag`): the manifest's is used, so a listing, a HEAD and a GET agree (a file
+    /// would otherwise look replaced, ESTALE, after every `ls -l`), and a new manifest is still
+    /// a new version.
+    static func versionETag(_ headers: [String: String]) -> String {
+        if headers["x-static-large-object"]?.lowercased() == "true", let manifest = headers["x-manifest-etag"] {
+            return unquote(manifest)
+        }
+        return unquote(headers["etag"] ?? "")
     }
 
     static func unquote(_ etag: String) -> String {
