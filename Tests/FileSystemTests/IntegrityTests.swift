@@ -33,10 +33,7 @@ struct IntegrityTests {
     }
 
     func createFile(_ fs: Filesystem, _ parent: InodeNumber, _ name: String, _ text: String) throws -> Attributes {
-        let (attributes, opened) = try fs.create(parent: parent, name: name, mode: 0o644, caller: caller)
-        try write(fs, opened.handle, text)
-        try close(fs, opened.handle)
-        return attributes
+        try fs.storeFile(parent, name, Array(text.utf8), caller: caller)
     }
 
     /// `ls` as the kernel does it: readdirplus to the end, every entry counted as a lookup.

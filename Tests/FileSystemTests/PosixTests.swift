@@ -18,11 +18,7 @@ struct PosixTests {
     }
 
     func createFile(_ fs: Filesystem, _ name: String, _ text: String) throws -> Attributes {
-        let (attributes, opened) = try fs.create(parent: root, name: name, mode: 0o644, caller: caller)
-        try Array(text.utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
-        return attributes
+        try fs.storeFile(root, name, Array(text.utf8), caller: caller)
     }
 
     @Test func anOpenFileUnlinkedOrReplacedHasNoLinks() throws {

@@ -15,4 +15,17 @@ extension Filesystem {
             if got == 0 { return bytes }
         }
     }
+
+    /// Creates `name` in `parent`, writes `bytes` and closes it (stored at close), as `cp` would.
+    @discardableResult
+    func storeFile(
+        _ parent: InodeNumber, _ name: String, _ bytes: [UInt8], mode: UInt16 = 0o644,
+        caller: Caller = Caller(uid: 1000, gid: 100)
+    ) throws -> Attributes {
+        let (attributes, opened) = try create(parent: parent, name: name, mode: mode, caller: caller)
+        try bytes.withUnsafeBytes { try write(handle: opened.handle, offset: 0, bytes: $0) }
+        try flush(handle: opened.handle)
+        release(handle: opened.handle)
+        return attributes
+    }
 }

@@ -26,11 +26,7 @@ struct FilesystemWriteTests {
     /// Creates `name` at the root, writes `bytes` and closes it (stored at close), as `cp` would.
     @discardableResult
     func storeFile(_ fs: Filesystem, _ name: String, mode: UInt16 = 0o644, _ bytes: [UInt8]) throws -> Attributes {
-        let (attributes, opened) = try fs.create(parent: Filesystem.rootInode, name: name, mode: mode, caller: caller)
-        try write(fs, opened.handle, bytes)
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
-        return attributes
+        try fs.storeFile(Filesystem.rootInode, name, bytes, mode: mode, caller: caller)
     }
 
     @Test func createWriteCloseIsOnePutWithAttributesInTheListing() throws {
