@@ -138,8 +138,18 @@ final class Mount {
     /// Unmounts (fusermount3 -u by default) and returns the daemon's exit status.
     @discardableResult
     func unmount(using command: String = "fusermount3 -u") throws -> Int32 {
-        let result = try shell("\(command) \(quoted(directory))")
-        guard result.status == 0 else { throw HarnessError("\(command) failed: \(result.stderr)") }
+        // The kernel sends RELEASE for a closed file in the background and holds the inode until
+        // the daemon answers: an unmount right after a close can find the mount busy for a few
+        // milliseconds. Poll for that (bounded), as for the mount appearing.
+        let deadline = Date().addingTimeInterval(10)
+        while true {
+            let result = try shell("\(command) \(quoted(directory))")
+            if result.status == 0 { break }
+            guard result.stderr.contains("busy"), Date() < deadline else {
+                throw HarnessError("\(command) failed: \(result.stderr)")
+            }
+            usleep(20_000)
+        }
         return waitForExit()
     }
 
