@@ -1,5 +1,8 @@
 import Dispatch
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Locking
 import Logging
 import ObjectStore
@@ -513,5 +516,23 @@ struct IntegrityTests {
         try close(a, again.handle)
         #expect(store.object("g")?.bytes == content, "g lost its parts")
         #expect(store.object("f")?.bytes == Array("a new, small f".utf8))
+    }
+
+    /// Item 5: an O_TRUNC open that attaches to a spool and then fails to truncate it gives its
+    /// handle count back: the spool still retires when the other handle closes.
+    @Test func aFailedTruncateOnOpenDoesNotKeepTheSpoolForever() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let f = try createFile(fs, root, "f", "stored")
+        let first = try fs.open(f.inode, writable: true, truncate: false)
+        // The spool's descriptor fails to truncate from now on, as on a disk error: it is made a
+        // read-only /dev/null in place (never closed: another test may reuse a closed number).
+        let spoolDescriptor = try #require(fs.state.withLock { $0.openFiles[f.inode]?.fd })
+        let null = Glibc.open("/dev/null", O_RDONLY)
+        #expect(dup2(null, spoolDescriptor) == spoolDescriptor)
+        Glibc.close(null)
+        #expect(throws: FSError.self) { _ = try fs.open(f.inode, writable: true, truncate: true) }
+        fs.release(handle: first.handle)
+        #expect(fs.state.withLock { $0.openFiles[f.inode] } == nil, "the spool is held by a handle that does not exist")
     }
 }
