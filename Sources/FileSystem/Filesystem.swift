@@ -177,29 +177,10 @@ public final class Filesystem: Sendable {
         }
     }
 
-    /// Takes what a HEAD said; the stored attributes only if no local change happened since the
-    /// HEAD was sent (`seenAtVersion`).
+    /// Takes what a HEAD said (see `Node.apply`), at this filesystem's time.
     func apply(_ info: ObjectInfo, to node: inout Node, seenAtVersion version: UInt64) {
-        let sameVersion = !node.etag.isEmpty && node.etag == info.etag
-        node.size = info.size
-        node.etag = info.etag
-        // A HEAD's Last-Modified is whole seconds (Swift rounds the object's time up); a listing
-        // has microseconds. Keep the listing's time when they agree: a time that changes under
-        // the kernel makes it drop the file's page cache (and `ls -l` would jitter).
-        let headTime = Timestamp(info.lastModified)
-        if !(sameVersion && headTime.agrees(with: node.lastModified)) { node.lastModified = headTime }
-        if node.attributeVersion == version { node.stored = StoredAttributes.of(info) }
-        node.baseContentType = StoredAttributes.parse(contentType: info.contentType).base
-        node.manifest = info.manifest
-        node.extraMetadata = info.metadata.filter { !Self.ownMetadataNames.contains($0.key) }
-        node.metadataKnownAt = now()
-        if node.kind == .symlink, let target = info.metadata[StoredAttributes.symlinkTargetHeader] {
-            node.symlinkTarget = target
-        }
-        node.confirmedAt = now()
+        node.apply(info, seenAtVersion: version, now: now())
     }
-
-    static let ownMetadataNames: Set<String> = ["mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader]
 
     // MARK: Lookup
 
@@ -387,47 +368,12 @@ public final class Filesystem: Sendable {
         return parentKey + component + (entry.kind == .directory ? "/" : "")
     }
 
-    /// The attribute merge rule: what a listing entry (and a HEAD's `info`, if any) says, merged
-    /// into what the node knows. Local changes since `version` win over both.
+    /// The attribute merge rule (see `Node.merge`), at this filesystem's time.
     func merge(
         _ entry: DirectoryEntry, info: ObjectInfo?, markerChecked: Bool, version: UInt64, fresh: Bool,
         into node: inout Node
     ) {
-        switch entry.kind {
-        case .file, .symlink, .fifo, .socket:
-            let unchanged = node.attributeVersion == version
-            if let info {
-                if node.etag != entry.etag && info.etag == entry.etag {
-                    // What the listing showed, so that `apply` keeps its precise time.
-                    node.etag = entry.etag
-                    node.lastModified = entry.lastModified
-                }
-                apply(info, to: &node, seenAtVersion: version)
-            } else if !fresh && (entry.size > 0 || node.etag != entry.etag || node.confirmedAt == 0) {
-                let parsed = StoredAttributes.parse(contentType: entry.contentType)
-                // The version the node describes already (a HEAD's whole-second time agrees with
-                // the listing's): its time stays, and so do attributes a HEAD read from metadata
-                // headers. A time that changes under the kernel makes it drop its page cache.
-                let sameVersion = node.etag == entry.etag && node.lastModified.agrees(with: entry.lastModified)
-                if !sameVersion { node.lastModified = entry.lastModified }
-                node.size = entry.size
-                node.etag = entry.etag
-                // A listing shows a DLO manifest with size 0: anything larger is a plain object.
-                if entry.size > 0 { node.manifest = nil }
-                if unchanged && !(sameVersion && node.metadataKnownAt > 0) { node.stored = parsed.attributes }
-                node.baseContentType = parsed.base
-                node.confirmedAt = now()
-            }
-        case .directory:
-            let unchanged = node.attributeVersion == version
-            if let info {
-                if unchanged { node.stored = StoredAttributes.of(info) }
-                node.confirmedAt = now()
-            } else if markerChecked {
-                if unchanged { node.stored = StoredAttributes() }
-                node.confirmedAt = now()
-            }
-        }
+        node.merge(entry, info: info, markerChecked: markerChecked, version: version, fresh: fresh, now: now())
     }
 
     /// Whether `name` in `directory` is the reserved parts prefix (only at the container root).
