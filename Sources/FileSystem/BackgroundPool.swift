@@ -29,6 +29,8 @@ final class BackgroundPool: Sendable {
     let width: Int
     /// The queue and the counts (a leaf lock: no job runs under it).
     private let state = ConditionLocked(State())
+    /// Delays `submit(after:)`: a serial queue of the pool's own, whose blocks only enqueue.
+    private let timer = DispatchQueue(label: "csspfs.background-pool.timer")
 
     init(width: Int) {
         self.width = max(1, width)
@@ -55,10 +57,10 @@ final class BackgroundPool: Sendable {
         if !submit(job) { job() }
     }
 
-    /// Runs `job` on a pool thread after `seconds`, unless the pool is shut down by then (a
-    /// Dispatch timer only enqueues it; no work runs on Dispatch's threads).
+    /// Runs `job` on a pool thread after `seconds`, unless the pool is shut down by then (the
+    /// pool's own timer queue only enqueues it; no work runs there).
     func submit(after seconds: Double, _ job: @escaping @Sendable () -> Void) {
-        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [self] in submit(job) }
+        timer.asyncAfter(deadline: .now() + seconds) { [self] in submit(job) }
     }
 
     private func work() {
