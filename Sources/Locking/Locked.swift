@@ -2,6 +2,14 @@
 import Glibc
 #endif
 
+/// A new, initialised pthread mutex (deallocated by its owner's deinit).
+private func makeMutex() -> UnsafeMutablePointer<pthread_mutex_t> {
+    let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    mutex.initialize(to: pthread_mutex_t())
+    pthread_mutex_init(mutex, nil)
+    return mutex
+}
+
 /// A value guarded by a pthread mutex, used through `withLock { }` only (as NIOLockedValueBox).
 ///
 /// Why not `Synchronization.Mutex`: ThreadSanitizer cannot see the futex inside it on Linux and
@@ -15,9 +23,7 @@ public final class Locked<Value>: @unchecked Sendable {
 
     public init(_ value: Value) {
         self.value = value
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(mutex, nil)
+        mutex = makeMutex()
     }
 
     deinit {
@@ -44,9 +50,7 @@ public final class ConditionLocked<Value>: @unchecked Sendable {
 
     public init(_ value: Value) {
         self.value = value
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(mutex, nil)
+        mutex = makeMutex()
         condition = .allocate(capacity: 1)
         condition.initialize(to: pthread_cond_t())
         var attributes = pthread_condattr_t()

@@ -30,6 +30,14 @@ struct IntegrityTests {
         try Array(text.utf8).withUnsafeBytes { try fs.write(handle: handle, offset: offset, bytes: $0) }
     }
 
+    /// Closes `handle` while the store refuses both uploads (the flush's and the last close's):
+    /// close reports EIO and the upload is owed.
+    func closeWhileUploadsFail(_ fs: Filesystem, _ handle: UInt64, _ store: FakeObjectStore) throws {
+        store.failNextPuts(2)
+        #expect(throws: FSError.self) { try fs.flush(handle: handle) }
+        fs.release(handle: handle)
+    }
+
     func close(_ fs: Filesystem, _ handle: UInt64) throws {
         try fs.flush(handle: handle)
         fs.release(handle: handle)
@@ -241,9 +249,7 @@ struct IntegrityTests {
         let fs = makeFilesystem(store, spool: spool)
         let (f, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
         try write(fs, opened.handle, "owed bytes")
-        store.failNextPuts(2)
-        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
-        fs.release(handle: opened.handle)  // the second PUT fails too: the upload is owed
+        try closeWhileUploadsFail(fs, opened.handle, store)
         #expect(store.object("f") == nil)
         _ = try fs.setattr(f.inode, AttributeChanges(mode: 0o600, modified: Timestamp(seconds: 1_234_567_890, nanoseconds: 5)))
         fs.shutdown()
@@ -265,9 +271,7 @@ struct IntegrityTests {
         let f = try fs.lookup(parent: root, name: "f")
         let opened = try fs.open(f.inode, writable: true, truncate: true)
         try write(fs, opened.handle, "ours")
-        store.failNextPuts(2)
-        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
-        fs.release(handle: opened.handle)
+        try closeWhileUploadsFail(fs, opened.handle, store)
         if deleted { try store.delete(key: "f") } else { store.seed("f", text: "theirs, newer") }
         fs.shutdown()
         let next = makeFilesystem(store, spool: spool)
@@ -317,9 +321,7 @@ struct IntegrityTests {
         let second = makeFilesystem(store, spool: spool)
         let (_, opened) = try second.create(parent: root, name: "g", mode: 0o644, caller: caller)
         try write(second, opened.handle, "from the second mount")
-        store.failNextPuts(2)
-        #expect(throws: FSError.self) { try second.flush(handle: opened.handle) }
-        second.release(handle: opened.handle)
+        try closeWhileUploadsFail(second, opened.handle, store)
         second.shutdown()
         first.shutdown()
         let later = makeFilesystem(store, spool: spool)
@@ -432,9 +434,7 @@ struct IntegrityTests {
         let d = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller)
         let (_, opened) = try fs.create(parent: d.inode, name: "f", mode: 0o644, caller: caller)
         try write(fs, opened.handle, "owed")
-        store.failNextPuts(2)
-        #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
-        fs.release(handle: opened.handle)
+        try closeWhileUploadsFail(fs, opened.handle, store)
         try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false)
         #expect(store.keys == ["e/", "e/f"])
         fs.shutdown()
