@@ -189,29 +189,44 @@ extension Filesystem {
         return handle
     }
 
+    /// Where a read of an open handle is served from, decided under one lock.
+    private enum ReadSource {
+        case spool(SpoolFile)
+        case reader(FileReader)
+        /// The handle's reader is for another version or key: one for the node as it is now.
+        case newReader(Node)
+        case removed(String)
+    }
+
     public func read(handle number: UInt64, offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void)
         throws(FSError)
     {
-        switch try handle(number) {
-        case .remote(let reader, let inode, let version):
-            // Every handle of one file sees what was written through this mount: a writer's spool
-            // while there is one, else the version stored last (a handle opened before keeps
-            // reading the old one otherwise).
-            let (spool, node) = state.withLock { ($0.openFiles[inode], $0.inodes[inode]) }
-            if let spool { return try spool.read(offset: offset, length: length, reply: reply) }
-            var current = reader
-            // Renamed (the file, or a directory above it): the same object under its new key.
-            if let node, node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key)) {
-                guard node.linked else {
-                    throw FSError(.stale, "read of '\(node.key)': the file was removed after it changed here")
-                }
-                current = makeReader(node)
-                state.withLock { s in
-                    s.handles.replace(number, with: .remote(current, inode, localVersion: node.localVersion))
-                }
+        // Every handle of one file sees what was written through this mount: a writer's spool
+        // while there is one, else the version stored last (a handle opened before keeps reading
+        // the old one otherwise), under its current key (renamed, or a directory above it).
+        let source: ReadSource? = state.withLock { s in
+            switch s.handles.file(number) {
+            case nil: return nil
+            case .spool(let open, _)?: return .spool(open)
+            case .remote(let reader, let inode, let version)?:
+                if let spool = s.openFiles[inode] { return .spool(spool) }
+                guard let node = s.inodes[inode],
+                    node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key))
+                else { return .reader(reader) }
+                return node.linked ? .newReader(node) : .removed(node.key)
             }
-            try current.read(offset: offset, length: length, reply: reply)
-        case .spool(let open, _): try open.read(offset: offset, length: length, reply: reply)
+        }
+        switch source {
+        case nil: throw FSError(.invalidArgument, "unknown file handle \(number)")
+        case .spool(let open)?: try open.read(offset: offset, length: length, reply: reply)
+        case .reader(let reader)?: try reader.read(offset: offset, length: length, reply: reply)
+        case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
+        case .newReader(let node)?:
+            let reader = makeReader(node)
+            state.withLock { s in
+                s.handles.replace(number, with: .remote(reader, node.inode, localVersion: node.localVersion))
+            }
+            try reader.read(offset: offset, length: length, reply: reply)
         }
     }
 
