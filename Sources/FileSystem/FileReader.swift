@@ -315,8 +315,11 @@ final class FileReader: Sendable {
     private func fetch(_ range: ByteRange) throws(FSError) -> (ByteBuffer, versionChecked: Bool) {
         let buffer = ByteBuffer(capacity: Int(range.length))
         let info: ObjectInfo
-        do {
+        do throws(ObjectStoreError) {
             info = try store.get(key: key, range: range) { buffer.append($0) }
+        } catch where error.code == .rangeNotSatisfiable {
+            // The range lies within the version that was opened: the object is shorter now.
+            throw FSError(.stale, "read '\(key)': the object changed on the server while it was open")
         } catch {
             throw FSError(storeError: error, operation: "read", path: key)
         }

@@ -23,7 +23,7 @@ extension Filesystem {
     var uploader: Uploader {
         Uploader(
             store: store, pool: pool, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
-            concurrency: configuration.uploadConcurrency)
+            concurrency: configuration.uploadConcurrency, sharedParts: sharedParts)
     }
 
     /// Puts bytes a random reader fetched into the kernel's page cache, unless the file has a
@@ -560,30 +560,33 @@ extension Filesystem {
     public func setattr(_ inode: InodeNumber, _ changes: AttributeChanges) throws(FSError) -> Attributes {
         if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
         let node = try node(inode)
-        if let size = changes.size {
-            guard node.kind == .file else {
-                throw FSError(node.kind == .directory ? .isADirectory : .invalidArgument, "truncate of a \(node.kind)")
+        // A failure leaves the node as it was, to be asked for again (the answer may be lost).
+        try forgettingOnFailure([(node.parent, node.name)], restoring: node) { () throws(FSError) in
+            if let size = changes.size {
+                guard node.kind == .file else {
+                    throw FSError(node.kind == .directory ? .isADirectory : .invalidArgument, "truncate of a \(node.kind)")
+                }
+                try truncate(node, to: size)
             }
-            try truncate(node, to: size)
-        }
-        let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
-        if let accessed = changes.accessed {
-            // Kept by this mount only: the store has no access time.
-            state.withLock { s in _ = s.inodes.update(inode) { $0.accessedAt = accessed; $0.changedAt = Timestamp.now() } }
-        }
-        if metadataChanged {
-            let updated: Node = state.withLock { s in
-                s.inodes.update(inode) { n in
-                    if let mode = changes.mode { n.stored.mode = mode & 0o7777 }
-                    if let uid = changes.uid { n.stored.uid = uid }
-                    if let gid = changes.gid { n.stored.gid = gid }
-                    if let modified = changes.modified { n.stored.mtime = modified }
-                    n.changedAt = Timestamp.now()
-                    n.attributeVersion += 1
-                } ?? node
+            let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
+            if let accessed = changes.accessed {
+                // Kept by this mount only: the store has no access time.
+                state.withLock { s in _ = s.inodes.update(inode) { $0.accessedAt = accessed; $0.changedAt = Timestamp.now() } }
             }
-            if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
-                try persistAttributes(of: updated)
+            if metadataChanged {
+                let updated: Node = state.withLock { s in
+                    s.inodes.update(inode) { n in
+                        if let mode = changes.mode { n.stored.mode = mode & 0o7777 }
+                        if let uid = changes.uid { n.stored.uid = uid }
+                        if let gid = changes.gid { n.stored.gid = gid }
+                        if let modified = changes.modified { n.stored.mtime = modified }
+                        n.changedAt = Timestamp.now()
+                        n.attributeVersion += 1
+                    } ?? node
+                }
+                if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
+                    try persistAttributes(of: updated)
+                }
             }
         }
         return try getattr(inode)

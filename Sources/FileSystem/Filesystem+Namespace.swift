@@ -27,6 +27,52 @@ extension Filesystem {
         return directory
     }
 
+    /// Runs an operation on names; when it fails, nothing remembered about them is trusted any
+    /// more (see `forgetAfterFailure`).
+    func forgettingOnFailure<T>(
+        _ names: [(parent: InodeNumber, name: String)], restoring original: Node? = nil, _ body: () throws(FSError) -> T
+    ) throws(FSError) -> T {
+        do {
+            return try body()
+        } catch {
+            forgetAfterFailure(names, restoring: original)
+            throw error
+        }
+    }
+
+    /// A failure part-way through an operation on these names: the store may hold the old state,
+    /// the new one, or a mix (a COPY done and its DELETE not; an answer lost after the server did
+    /// the work). The parents' listings are dropped, and the nodes and everything below them are
+    /// asked for again at their next lookup or stat. `original`: the node as it was before a
+    /// failed attribute change, whose attributes it gets back (the server's answer decides later).
+    func forgetAfterFailure(_ names: [(parent: InodeNumber, name: String)], restoring original: Node? = nil) {
+        var keys: [String] = []
+        var prefixes: [String] = []
+        state.withLock { s in
+            for (parent, name) in names {
+                s.directories.drop(parent)
+                guard let node = s.inodes.child(parent, name) else { continue }
+                var pending = [node.inode]
+                while let inode = pending.popLast() {
+                    let restore = original?.inode == inode && s.openFiles[inode] == nil
+                    guard let current = s.inodes.update(inode, { n in
+                        if restore, let original { n.stored = original.stored }
+                        n.confirmedAt = 0
+                        n.metadataKnownAt = 0
+                    }) else { continue }
+                    keys.append(current.key)
+                    if current.kind == .directory {
+                        s.directories.drop(inode)
+                        keys.append(String(current.key.dropLast()))
+                        prefixes.append(current.key)
+                        pending += s.inodes.children(of: inode).values
+                    }
+                }
+            }
+        }
+        forgetPrefetched(keys: keys, prefixes: prefixes)
+    }
+
     /// Adds a node for a name we just made, counting one kernel lookup.
     private func insert(_ node: Node, in s: inout State) -> Node {
         var node = node
@@ -103,87 +149,93 @@ extension Filesystem {
     private func makeSpecial(_ kind: NodeKind, parent: InodeNumber, name: String, mode: UInt16, caller: Caller)
         throws(FSError) -> Attributes
     {
-        let directory = try requireWritableDirectory(parent, name: name)
-        let key = directory.key + name
-        let base = kind == .fifo ? StoredAttributes.fifoContentType : StoredAttributes.socketContentType
-        let stored = newAttributes(mode: mode, caller: caller, in: directory)
-        forgetPrefetched(keys: [key])
-        let etag: String
-        do {
-            etag = try store.put(
-                key: key, body: .bytes([]), contentType: stored.contentType(base: base),
-                metadata: stored.metadata(mergedInto: [:]))
-        } catch {
-            throw FSError(storeError: error, operation: "mknod", path: key)
+        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+            let directory = try requireWritableDirectory(parent, name: name)
+            let key = directory.key + name
+            let base = kind == .fifo ? StoredAttributes.fifoContentType : StoredAttributes.socketContentType
+            let stored = newAttributes(mode: mode, caller: caller, in: directory)
+            forgetPrefetched(keys: [key])
+            let etag: String
+            do throws(ObjectStoreError) {
+                etag = try store.put(
+                    key: key, body: .bytes([]), contentType: stored.contentType(base: base),
+                    metadata: stored.metadata(mergedInto: [:]))
+            } catch {
+                throw FSError(storeError: error, operation: "mknod", path: key)
+            }
+            let node: Node = state.withLock { s in
+                var node = Node(inode: 0, parent: parent, name: name, kind: kind, key: key, etag: etag, lastModified: Timestamp.now())
+                node.stored = stored
+                node.baseContentType = base
+                node = insert(node, in: &s)
+                updateListing(parent, name: name, entry: entry(for: node), in: &s)
+                return node
+            }
+            return attributes(of: node)
         }
-        let node: Node = state.withLock { s in
-            var node = Node(inode: 0, parent: parent, name: name, kind: kind, key: key, etag: etag, lastModified: Timestamp.now())
-            node.stored = stored
-            node.baseContentType = base
-            node = insert(node, in: &s)
-            updateListing(parent, name: name, entry: entry(for: node), in: &s)
-            return node
-        }
-        return attributes(of: node)
     }
 
     public func mkdir(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError) -> Attributes {
-        let directory = try requireWritableDirectory(parent, name: name, suffix: 1)
-        let prefix = directory.key + name + "/"
-        let stored = newAttributes(mode: mode, caller: caller, in: directory, isDirectory: true)
-        forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
-        do {
-            try store.put(
-                key: prefix, body: .bytes([]), contentType: stored.contentType(base: ObjectKey.directoryContentType),
-                metadata: stored.metadata(mergedInto: [:]))
-        } catch {
-            throw FSError(storeError: error, operation: "mkdir", path: prefix)
+        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+            let directory = try requireWritableDirectory(parent, name: name, suffix: 1)
+            let prefix = directory.key + name + "/"
+            let stored = newAttributes(mode: mode, caller: caller, in: directory, isDirectory: true)
+            forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
+            do throws(ObjectStoreError) {
+                try store.put(
+                    key: prefix, body: .bytes([]), contentType: stored.contentType(base: ObjectKey.directoryContentType),
+                    metadata: stored.metadata(mergedInto: [:]))
+            } catch {
+                throw FSError(storeError: error, operation: "mkdir", path: prefix)
+            }
+            let node: Node = state.withLock { s in
+                var node = Node(
+                    inode: 0, parent: parent, name: name, kind: .directory, key: prefix, size: 0, etag: "",
+                    lastModified: Timestamp.now())
+                node.stored = stored
+                node = insert(node, in: &s)
+                s.directories.rememberEmpty(node.inode, now: now())
+                updateListing(parent, name: name, entry: DirectoryBuilder.directory(name, key: prefix), in: &s)
+                return node
+            }
+            return attributes(of: node)
         }
-        let node: Node = state.withLock { s in
-            var node = Node(
-                inode: 0, parent: parent, name: name, kind: .directory, key: prefix, size: 0, etag: "",
-                lastModified: Timestamp.now())
-            node.stored = stored
-            node = insert(node, in: &s)
-            s.directories.rememberEmpty(node.inode, now: now())
-            updateListing(parent, name: name, entry: DirectoryBuilder.directory(name, key: prefix), in: &s)
-            return node
-        }
-        return attributes(of: node)
     }
 
     public func symlink(parent: InodeNumber, name: String, target: String, caller: Caller) throws(FSError) -> Attributes {
-        let directory = try requireWritableDirectory(parent, name: name)
-        let key = directory.key + name
-        var stored = newAttributes(mode: 0o777, caller: caller, in: directory)
-        stored.mode = nil
-        var metadata = stored.metadata(mergedInto: [:])
-        // svfs's header, when the target fits in a header as it is; the body always holds it.
-        // (Swift caps a metadata value at 256 bytes: a longer target lives in the body only.)
-        if target.utf8.count <= 256 && target.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) {
-            metadata[StoredAttributes.symlinkTargetHeader] = target
+        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+            let directory = try requireWritableDirectory(parent, name: name)
+            let key = directory.key + name
+            var stored = newAttributes(mode: 0o777, caller: caller, in: directory)
+            stored.mode = nil
+            var metadata = stored.metadata(mergedInto: [:])
+            // svfs's header, when the target fits in a header as it is; the body always holds it.
+            // (Swift caps a metadata value at 256 bytes: a longer target lives in the body only.)
+            if target.utf8.count <= 256 && target.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) {
+                metadata[StoredAttributes.symlinkTargetHeader] = target
+            }
+            let etag: String
+            forgetPrefetched(keys: [key])
+            do throws(ObjectStoreError) {
+                etag = try store.put(
+                    key: key, body: .bytes(Array(target.utf8)),
+                    contentType: stored.contentType(base: StoredAttributes.symlinkContentType), metadata: metadata)
+            } catch {
+                throw FSError(storeError: error, operation: "symlink", path: key)
+            }
+            let node: Node = state.withLock { s in
+                var node = Node(
+                    inode: 0, parent: parent, name: name, kind: .symlink, key: key, size: Int64(target.utf8.count),
+                    etag: etag, lastModified: Timestamp.now())
+                node.stored = stored
+                node.baseContentType = StoredAttributes.symlinkContentType
+                node.symlinkTarget = target
+                node = insert(node, in: &s)
+                updateListing(parent, name: name, entry: entry(for: node), in: &s)
+                return node
+            }
+            return attributes(of: node)
         }
-        let etag: String
-        forgetPrefetched(keys: [key])
-        do {
-            etag = try store.put(
-                key: key, body: .bytes(Array(target.utf8)),
-                contentType: stored.contentType(base: StoredAttributes.symlinkContentType), metadata: metadata)
-        } catch {
-            throw FSError(storeError: error, operation: "symlink", path: key)
-        }
-        let node: Node = state.withLock { s in
-            var node = Node(
-                inode: 0, parent: parent, name: name, kind: .symlink, key: key, size: Int64(target.utf8.count),
-                etag: etag, lastModified: Timestamp.now())
-            node.stored = stored
-            node.baseContentType = StoredAttributes.symlinkContentType
-            node.symlinkTarget = target
-            node = insert(node, in: &s)
-            updateListing(parent, name: name, entry: entry(for: node), in: &s)
-            return node
-        }
-        return attributes(of: node)
     }
 
     public func readlink(_ inode: InodeNumber) throws(FSError) -> String {
@@ -225,26 +277,28 @@ extension Filesystem {
     }
 
     public func unlink(parent: InodeNumber, name: String) throws(FSError) {
-        _ = try requireWritableDirectory(parent, name: name)
-        let target = try target(parent, name)
-        guard target.kind != .directory else { throw FSError(.isADirectory, "unlink of a directory") }
-        let open = state.withLock { $0.openFiles[target.inode] }
-        // Holding the file's upload lock: an upload under way ends first, and none starts until
-        // the spool is marked removed, so the object cannot reappear after the DELETE.
-        try withUploadsHeld(open.map { [$0] } ?? []) { () throws(FSError) in
-            let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty } ?? false
-            forgetPrefetched(keys: [target.key])
-            if !neverStored { try removeObject(target) }
-            if let open { markRemoved(open) }
-            state.withLock { s in
-                if s.inodes.child(parent, name)?.inode == target.inode || s.inodes.child(parent, name) == nil {
-                    s.inodes.unhook(parent: parent, name: name)
+        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+            _ = try requireWritableDirectory(parent, name: name)
+            let target = try target(parent, name)
+            guard target.kind != .directory else { throw FSError(.isADirectory, "unlink of a directory") }
+            let open = state.withLock { $0.openFiles[target.inode] }
+            // Holding the file's upload lock: an upload under way ends first, and none starts until
+            // the spool is marked removed, so the object cannot reappear after the DELETE.
+            try withUploadsHeld(open.map { [$0] } ?? []) { () throws(FSError) in
+                let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty } ?? false
+                forgetPrefetched(keys: [target.key])
+                if !neverStored { try removeObject(target) }
+                if let open { markRemoved(open) }
+                state.withLock { s in
+                    if s.inodes.child(parent, name)?.inode == target.inode || s.inodes.child(parent, name) == nil {
+                        s.inodes.unhook(parent: parent, name: name)
+                    }
+                    updateListing(parent, name: name, entry: nil, in: &s)
+                    s.sweep()
                 }
-                updateListing(parent, name: name, entry: nil, in: &s)
-                s.sweep()
             }
+            if let open { retire(open) }
         }
-        if let open { retire(open) }
     }
 
     /// The spool's file is gone (unlinked, or replaced by a rename): its bytes are never uploaded,
@@ -279,16 +333,18 @@ extension Filesystem {
     }
 
     public func rmdir(parent: InodeNumber, name: String) throws(FSError) {
-        _ = try requireWritableDirectory(parent, name: name)
-        let target = try target(parent, name)
-        guard target.kind == .directory else { throw FSError(.notADirectory, "rmdir of a file") }
-        try requireEmpty(target)
-        try removeDirectoryMarkers(prefix: target.key)
-        state.withLock { s in
-            s.inodes.unhook(parent: parent, name: name)
-            updateListing(parent, name: name, entry: nil, in: &s)
-            s.directories.drop(target.inode)
-            s.sweep()
+        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+            _ = try requireWritableDirectory(parent, name: name)
+            let target = try target(parent, name)
+            guard target.kind == .directory else { throw FSError(.notADirectory, "rmdir of a file") }
+            try requireEmpty(target)
+            try removeDirectoryMarkers(prefix: target.key)
+            state.withLock { s in
+                s.inodes.unhook(parent: parent, name: name)
+                updateListing(parent, name: name, entry: nil, in: &s)
+                s.directories.drop(target.inode)
+                s.sweep()
+            }
         }
     }
 
@@ -360,66 +416,68 @@ extension Filesystem {
     public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String, noReplace: Bool)
         throws(FSError)
     {
-        _ = try requireWritableDirectory(parent, name: name)
-        let destinationDirectory = try requireWritableDirectory(newParent, name: newName)
-        let source = try target(parent, name)
-        let newKey = destinationDirectory.key + newName + (source.kind == .directory ? "/" : "")
-        if source.key.isSameKey(as: newKey) { return }
-        if source.kind == .directory && newKey.utf8.starts(with: source.key.utf8) {
-            throw FSError(.invalidArgument, "cannot move '\(source.key)' below itself")
-        }
-        var existing: Node? = nil
-        do {
-            existing = try target(newParent, newName)
-        } catch where error.code == .notFound {
-            existing = nil
-        }
-        if let existing {
-            if noReplace { throw FSError(.exists, "'\(newName)' exists") }
-            switch (source.kind == .directory, existing.kind == .directory) {
-            case (true, false): throw FSError(.notADirectory, "cannot replace a file with a directory")
-            case (false, true): throw FSError(.isADirectory, "cannot replace a directory with a file")
-            case (true, true): try requireEmpty(existing)
-            case (false, false): break
+        try forgettingOnFailure([(parent, name), (newParent, newName)]) { () throws(FSError) in
+            _ = try requireWritableDirectory(parent, name: name)
+            let destinationDirectory = try requireWritableDirectory(newParent, name: newName)
+            let source = try target(parent, name)
+            let newKey = destinationDirectory.key + newName + (source.kind == .directory ? "/" : "")
+            if source.key.isSameKey(as: newKey) { return }
+            if source.kind == .directory && newKey.utf8.starts(with: source.key.utf8) {
+                throw FSError(.invalidArgument, "cannot move '\(source.key)' below itself")
             }
-        }
-        forgetPrefetched(
-            keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
-            prefixes: source.kind == .directory ? [source.key, newKey] : [])
-        let finish = { [self] (s: inout State) -> Void in
-            updateListing(parent, name: name, entry: nil, in: &s)
-            if s.inodes.child(parent, name)?.inode == source.inode {
-                s.inodes.update(source.inode) { $0.changedAt = Timestamp.now() }
-                for inode in s.inodes.move(source.inode, to: newParent, name: newName, key: newKey)
-                where s.inodes[inode]?.kind == .directory {
-                    s.directories.drop(inode)
+            var existing: Node? = nil
+            do throws(FSError) {
+                existing = try target(newParent, newName)
+            } catch where error.code == .notFound {
+                existing = nil
+            }
+            if let existing {
+                if noReplace { throw FSError(.exists, "'\(newName)' exists") }
+                switch (source.kind == .directory, existing.kind == .directory) {
+                case (true, false): throw FSError(.notADirectory, "cannot replace a file with a directory")
+                case (false, true): throw FSError(.isADirectory, "cannot replace a directory with a file")
+                case (true, true): try requireEmpty(existing)
+                case (false, false): break
                 }
-            } else {
-                s.inodes.unhook(parent: parent, name: name)
-                s.inodes.unhook(parent: newParent, name: newName)
             }
-            let entry: DirectoryEntry
-            if let moved = s.inodes.child(newParent, newName), moved.inode == source.inode {
-                entry = moved.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: moved)
-            } else {
-                var renamed = source
-                renamed.name = newName
-                renamed.key = newKey
-                entry = source.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: renamed)
-            }
-            updateListing(newParent, name: newName, entry: entry, in: &s)
-            s.sweep()
-        }
-        defer {
-            // Again: a HEAD that started during the rename may have recorded the old objects.
             forgetPrefetched(
                 keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
                 prefixes: source.kind == .directory ? [source.key, newKey] : [])
-        }
-        if source.kind == .directory {
-            try renameDirectory(source, to: newKey, replacing: existing, finish: finish)
-        } else {
-            try renameFile(source, to: newKey, replacing: existing, finish: finish)
+            let finish = { [self] (s: inout State) -> Void in
+                updateListing(parent, name: name, entry: nil, in: &s)
+                if s.inodes.child(parent, name)?.inode == source.inode {
+                    s.inodes.update(source.inode) { $0.changedAt = Timestamp.now() }
+                    for inode in s.inodes.move(source.inode, to: newParent, name: newName, key: newKey)
+                    where s.inodes[inode]?.kind == .directory {
+                        s.directories.drop(inode)
+                    }
+                } else {
+                    s.inodes.unhook(parent: parent, name: name)
+                    s.inodes.unhook(parent: newParent, name: newName)
+                }
+                let entry: DirectoryEntry
+                if let moved = s.inodes.child(newParent, newName), moved.inode == source.inode {
+                    entry = moved.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: moved)
+                } else {
+                    var renamed = source
+                    renamed.name = newName
+                    renamed.key = newKey
+                    entry = source.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: renamed)
+                }
+                updateListing(newParent, name: newName, entry: entry, in: &s)
+                s.sweep()
+            }
+            defer {
+                // Again: a HEAD that started during the rename may have recorded the old objects.
+                forgetPrefetched(
+                    keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
+                    prefixes: source.kind == .directory ? [source.key, newKey] : [])
+            }
+            if source.kind == .directory {
+                try renameDirectory(source, to: newKey, replacing: existing, finish: finish)
+            } else {
+                try renameFile(source, to: newKey, replacing: existing, finish: finish)
+            }
         }
     }
 
@@ -450,12 +508,11 @@ extension Filesystem {
                     {
                         target = store.containerName + "/" + (try moveParts(from: partPrefix))
                     }
-                    try store.putManifest(key: key, manifest: target, contentType: info.contentType, metadata: info.metadata)
-                    try store.delete(key: source.key)
+                    try Self.moveManifest(store, from: source.key, to: key, target: target, info: info, sharedParts: sharedParts)
                     newManifest = target
                 } else {
                     try store.copy(from: source.key, to: key, metadata: nil)
-                    try store.delete(key: source.key)
+                    try Self.deleteMoved(store, source.key)
                 }
             } catch {
                 throw FSError(storeError: error, operation: "rename", path: source.key)
@@ -469,6 +526,46 @@ extension Filesystem {
             if let oldManifest, oldManifest != newManifest { uploader.deleteParts(manifest: oldManifest, ofKey: key) }
         }
         if let replacedSpool { retire(replacedSpool) }
+    }
+
+    /// Writes `key` as a manifest of `target` (with `info`'s type and metadata) and deletes the
+    /// manifest at `source`. Two manifests of the same parts must not both stay: an overwrite of
+    /// either deletes the parts of both. So a failed PUT is checked with a HEAD (its answer may
+    /// have been lost after the server stored it) before it counts, and so is a failed DELETE.
+    /// When neither check settles it, the parts are marked shared (never deleted) before the
+    /// failure is returned.
+    static func moveManifest(
+        _ store: any ObjectStore, from source: String, to key: String, target: String, info: ObjectInfo,
+        sharedParts: SharedParts
+    ) throws(ObjectStoreError) {
+        do {
+            try store.putManifest(key: key, manifest: target, contentType: info.contentType, metadata: info.metadata)
+        } catch {
+            guard let stored = try? store.head(key: key) else {
+                sharedParts.mark(target)
+                throw error
+            }
+            guard stored.manifest == target else { throw error }
+        }
+        do {
+            try deleteMoved(store, source)
+        } catch {
+            sharedParts.mark(target)
+            throw error
+        }
+    }
+
+    /// Deletes the old key of something moved. 404 means done (a retry after a lost answer gets
+    /// it); another failure is tried once more, since the answer may have been lost.
+    static func deleteMoved(_ store: any ObjectStore, _ key: String) throws(ObjectStoreError) {
+        do {
+            try store.delete(key: key)
+        } catch where error.code == .notFound {
+        } catch {
+            do {
+                try store.delete(key: key)
+            } catch where error.code == .notFound {}
+        }
     }
 
     /// Copies every part below `prefix` to a new prefix of ours and deletes the originals.
@@ -506,35 +603,58 @@ extension Filesystem {
                 try Self.requireStorable(destination, suffix: longest - source.utf8.count)
             }
             let store = self.store
-            let failure = pool.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
-                guard case .object(let summary) = keys[index] else { return }
-                let newKey = destination + String(summary.key.dropFirst(source.count))
+            func moved(_ key: String) -> String { destination + String(key.utf8.dropFirst(source.utf8.count))! }
+            // Markers are copied first and deleted last: a failure half-way leaves both names
+            // directories with their attributes, never one only implied by the keys below it.
+            var markers: [String] = []
+            for case .object(let summary) in keys where summary.size == 0 && summary.key.utf8.last == UInt8(ascii: "/") {
+                markers.append(summary.key)
+            }
+            markers.sort { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            // An application/directory object named like the directory is one of them.
+            let typedMarker = String(source.dropLast())
+            var typed = false
+            do throws(ObjectStoreError) {
+                do throws(ObjectStoreError) {
+                    typed = ObjectKey.isDirectoryContentType(try store.head(key: typedMarker).contentType)
+                } catch where error.code == .notFound {}
+                for marker in markers { try store.copy(from: marker, to: moved(marker), metadata: nil) }
+                if typed { try store.copy(from: typedMarker, to: String(destination.dropLast()), metadata: nil) }
+            } catch {
+                throw FSError(storeError: error, operation: "rename (partly done)", path: source)
+            }
+            let contents = keys.filter { entry in
+                guard case .object(let summary) = entry else { return false }
+                return !markers.contains { $0.isSameKey(as: summary.key) }
+            }
+            let failure = pool.forEach(contents.count, width: 8) { (index) throws(ObjectStoreError) in
+                guard case .object(let summary) = contents[index] else { return }
+                let newKey = moved(summary.key)
                 // Only zero-byte objects can be DLO manifests; they move as manifests, not as bytes.
                 if summary.size == 0, case let info = try store.head(key: summary.key), let manifest = info.manifest {
                     // Parts below the directory move with it (they are keys below it): the new
                     // manifest points at their new place. Parts elsewhere stay where they are.
                     var target = manifest
                     if let partPrefix = store.localPartPrefix(ofManifest: manifest), partPrefix.utf8.starts(with: source.utf8) {
-                        target = store.containerName + "/" + destination + String(partPrefix.utf8.dropFirst(source.utf8.count))!
+                        target = store.containerName + "/" + moved(partPrefix)
                     }
-                    try store.putManifest(key: newKey, manifest: target, contentType: info.contentType, metadata: info.metadata)
+                    try Self.moveManifest(store, from: summary.key, to: newKey, target: target, info: info, sharedParts: sharedParts)
                 } else {
                     try store.copy(from: summary.key, to: newKey, metadata: nil)
+                    try Self.deleteMoved(store, summary.key)
                 }
-                try store.delete(key: summary.key)
             }
             if let failure {
                 throw FSError(storeError: failure, operation: "rename (partly done)", path: source)
             }
-            // An application/directory object named like the directory moves too.
-            let typedMarker = String(source.dropLast())
-            if let info = try? store.head(key: typedMarker), ObjectKey.isDirectoryContentType(info.contentType) {
-                do throws(ObjectStoreError) {
-                    try store.copy(from: typedMarker, to: String(destination.dropLast()), metadata: nil)
-                    try store.delete(key: typedMarker)
-                } catch {
-                    throw FSError(storeError: error, operation: "rename", path: typedMarker)
+            do throws(ObjectStoreError) {
+                for marker in markers.reversed() + (typed ? [typedMarker] : []) {
+                    do throws(ObjectStoreError) {
+                        try store.delete(key: marker)
+                    } catch where error.code == .notFound {}
                 }
+            } catch {
+                throw FSError(storeError: error, operation: "rename (partly done)", path: source)
             }
             state.withLock { finish(&$0) }
         }

@@ -56,6 +56,8 @@ public final class Filesystem: Sendable {
     public let configuration: FilesystemConfiguration
     let logger: Logger
     let spool: Spool
+    /// Manifests whose parts may be shared after a failed rename: never deleted.
+    let sharedParts: SharedParts
 
     /// An open directory: its listing, and whether readdir read from it (offset 0 again is then
     /// `rewinddir`, which must show what changed since).
@@ -104,6 +106,7 @@ public final class Filesystem: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.spool = try Spool(directory: configuration.spoolDirectory)
+        sharedParts = SharedParts(directory: configuration.spoolDirectory)
         self.pool = BackgroundPool(width: configuration.backgroundThreads)
         state = Locked(State(inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)))
     }

@@ -24,6 +24,8 @@ struct Uploader {
     let threshold: Int64
     let partSize: Int64
     let concurrency: Int
+    /// Manifests whose parts are never deleted (see `SharedParts`).
+    let sharedParts: SharedParts
 
     struct Result {
         var etag: String
@@ -159,7 +161,7 @@ struct Uploader {
         guard manifest.utf8.starts(with: container.utf8) else { return }
         let prefix = String(manifest.dropFirst(container.count))
         guard prefix.utf8.starts(with: Filesystem.partsPrefix.utf8) || prefix.utf8.starts(with: (key + "/").utf8),
-            prefix.hasSuffix("/"), prefix.count > Filesystem.partsPrefix.count
+            prefix.hasSuffix("/"), prefix.count > Filesystem.partsPrefix.count, !sharedParts.contains(manifest)
         else { return }
         deleteAll(prefix: prefix)
     }

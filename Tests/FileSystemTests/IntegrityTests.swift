@@ -535,4 +535,130 @@ struct IntegrityTests {
         fs.release(handle: first.handle)
         #expect(fs.state.withLock { $0.openFiles[f.inode] } == nil, "the spool is held by a handle that does not exist")
     }
+
+    // MARK: Namespace operations under store failures (found by the reference model's faults)
+
+    /// A reader of a file another client replaced with a shorter one gets ESTALE (the man page's
+    /// CONSISTENCY), not EIO: the server's 416 says the version that was opened is gone.
+    @Test func aReaderOfAFileReplacedByAShorterOneGetsStale() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try createFile(fs, root, "f", String(repeating: "x", count: 100))
+        let opened = try fs.open(f.inode, writable: false, truncate: false)
+        defer { fs.release(handle: opened.handle) }
+        store.seed("f", [1, 2])
+        let error = #expect(throws: FSError.self) { try fs.read(handle: opened.handle, offset: 50, length: 10) { _ in } }
+        #expect(error?.code == .stale)
+    }
+
+    /// mkdir whose PUT reached the server but whose answer was lost returns EIO; the directory
+    /// exists on the server, and `ls` of the parent shows it at once (no stale listing).
+    @Test func aMkdirWhoseAnswerWasLostShowsWhatTheServerHolds() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        #expect(try list(fs, root) == [])
+        store.failNext(.put, with: .after(.transient))
+        let error = #expect(throws: FSError.self) { _ = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller) }
+        #expect(error?.code == .ioError)
+        #expect(fake.object("d/") != nil)
+        #expect(try list(fs, root) == ["d"])
+    }
+
+    /// A directory rename that fails half-way leaves both names as directories with the
+    /// directory's attributes (markers move first and go last), and every file under one of them.
+    @Test func aDirectoryRenameFailingHalfWayLeavesTwoRealDirectories() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let d = try fs.mkdir(parent: root, name: "d", mode: 0o700, caller: caller)
+        let sub = try fs.mkdir(parent: d.inode, name: "sub", mode: 0o750, caller: caller)
+        for name in ["a", "b", "c"] { _ = try createFile(fs, sub.inode, name, name) }
+        // Every DELETE of b fails: the other files move, b is copied and stays.
+        store.inject { call in call.operation == .delete && call.key == "d/sub/b" ? .before(.transient) : .none }
+        #expect(throws: FSError.self) { try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false) }
+        store.heal()
+        for marker in ["d/", "d/sub/", "e/", "e/sub/"] {
+            #expect(fake.object(marker) != nil, "\(marker) is missing: the directory is only implied by its keys")
+        }
+        #expect(fake.object("e/sub/")?.metadata["mode"] == fake.object("d/sub/")?.metadata["mode"])
+        let files = ["a", "b", "c"].filter { fake.object("d/sub/" + $0) != nil || fake.object("e/sub/" + $0) != nil }
+        #expect(files == ["a", "b", "c"])
+        #expect(try list(fs, root) == ["d", "e"])
+    }
+
+    /// chmod whose POST fails returns EIO and the file keeps its mode, here and on the server.
+    @Test func aFailedChmodKeepsTheOldMode() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try createFile(fs, root, "f", "text")
+        store.failNext(.post)
+        #expect(throws: FSError.self) { _ = try fs.setattr(f.inode, AttributeChanges(mode: 0o600)) }
+        #expect(try fs.getattr(f.inode).permissions == 0o644)
+        #expect(try fs.lookup(parent: root, name: "f").permissions == 0o644)
+    }
+
+    /// Files over 16 bytes are stored as multipart uploads of 8-byte parts.
+    func multipartConfiguration() -> FilesystemConfiguration {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        configuration.multipartThreshold = 16
+        configuration.partSize = 8
+        return configuration
+    }
+
+    /// A multipart file's rename writes a manifest at the new name and deletes the old one. When
+    /// the manifest PUT's answer is lost, a HEAD shows it was stored: the rename completes.
+    @Test func aMultipartRenameWhoseManifestAnswerWasLostCompletes() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let configuration = multipartConfiguration()
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let content = String(repeating: "0123456789", count: 5)
+        _ = try createFile(fs, root, "f", content)
+        store.failNext(.putManifest, with: .after(.transient))
+        try fs.rename(parent: root, name: "f", newParent: root, newName: "g", noReplace: false)
+        #expect(fake.object("f") == nil)
+        #expect(try fs.readWhole(try fs.lookup(parent: root, name: "g").inode, chunk: 7) == Array(content.utf8))
+    }
+
+    /// When neither the manifest PUT nor the HEAD checking it answers, both names may point at the
+    /// same parts. Overwriting one (even from a later mount) must not delete the other's bytes.
+    @Test func aMultipartRenameCutOffKeepsThePartsOfBothNames() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let configuration = multipartConfiguration()
+        let content = Array(String(repeating: "0123456789", count: 5).utf8)
+        do {
+            let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+            defer { fs.shutdown() }
+            _ = try createFile(fs, root, "f", String(decoding: content, as: UTF8.self))
+            let stored = Locked(false)
+            store.inject { call in
+                switch call.operation {
+                case .putManifest where call.key == "g":
+                    stored.withLock { $0 = true }
+                    return .after(.transient)
+                case .head where call.key == "g" && stored.withLock({ $0 }): return .before(.transient)
+                default: return .none
+                }
+            }
+            #expect(throws: FSError.self) { try fs.rename(parent: root, name: "f", newParent: root, newName: "g", noReplace: false) }
+            store.heal()
+        }
+        #expect(fake.object("f") != nil && fake.object("g") != nil)
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: root, name: "f")
+        let opened = try fs.open(f.inode, writable: true, truncate: true)
+        try write(fs, opened.handle, "small")
+        try close(fs, opened.handle)
+        #expect(try fs.readWhole(try fs.lookup(parent: root, name: "g").inode, chunk: 7) == content)
+    }
 }

@@ -63,6 +63,14 @@ final class ModelObject {
         self.uid = uid
         self.gid = gid
     }
+
+    /// Another object with the same content and attributes (what an operation would make of it).
+    convenience init(copying other: ModelObject) {
+        self.init(kind: other.kind, mode: other.mode, uid: other.uid, gid: other.gid)
+        bytes = other.bytes
+        mtime = other.mtime
+        target = other.target
+    }
 }
 
 /// The reference tree: path (no leading slash; "" is the root, never stored) to object.
@@ -201,6 +209,14 @@ final class ReferenceModelRun {
     var openDirectories: [(handle: UInt64, inode: InodeNumber, object: ModelObject?)] = []
     var trace: [String] = []
     var operations = 0
+    /// The fault the next operation that changes names or attributes gets (see `operationUnderFault`).
+    var pendingFault: (index: Int, fault: FaultInjectingStore.Fault)?
+    /// The operation running under a fault, once it chose its paths.
+    var armed: ArmedFault?
+    /// The armed operation failed with EIO after the fault was injected.
+    var faultFailed = false
+    /// While an operation runs under a fault its checks wait until the outcome is known.
+    var deferredChecks: [() throws -> Void]?
     /// Names are drawn from a small pool, so that operations collide (rename over, create again);
     /// "é" precomposed and decomposed are two names, as they are two keys.
     let names = ["a", "b", "c", "d", "e f", "g", "caf\u{E9}", "cafe\u{301}"]
@@ -276,6 +292,11 @@ final class ReferenceModelRun {
             if let expected { throw fail("\(what): succeeded, expected \(expected)") }
             return value
         } catch let error as FSError {
+            if error.code == .ioError, let armed, faulty.injected.count > armed.injectedBefore {
+                trace.append("  -> EIO (\(error.message))")
+                faultFailed = true
+                return nil
+            }
             if error.code != expected { throw fail("\(what): \(error.code) (\(error.message)), expected \(expected.map { "\($0)" } ?? "success")") }
             return nil
         }
@@ -308,7 +329,7 @@ final class ReferenceModelRun {
     }
 
     func randomOperation() throws {
-        let roll = Int.random(in: 0..<100, using: &random)
+        let roll = Int.random(in: 0..<104, using: &random)
         switch roll {
         case 0..<10: try openForWriting()
         case 10..<20: try writeThroughHandle()
@@ -333,6 +354,7 @@ final class ReferenceModelRun {
         case 91..<94: try outOfBandPut()
         case 94..<96: try outOfBandDelete()
         case 96..<98: try closeWhileUploadsFail()
+        case 98..<102: try operationUnderFault()
         default: try checkEverything()
         }
     }
@@ -447,6 +469,14 @@ final class ReferenceModelRun {
             if expected == nil, tree.objects[path]!.kind == .directory { expected = .isADirectory }
             if expected == nil, tree.objects[path]!.kind == .symlink { return }  // truncate follows symlinks
             if expected == nil, [.fifo, .socket].contains(tree.objects[path]!.kind) { expected = .invalidArgument }
+            if expected == nil {
+                arm([path]) { tree in
+                    let object = ModelObject(copying: tree.objects[path]!)
+                    object.bytes = Array(object.bytes.prefix(size)) + [UInt8](repeating: 0, count: max(0, size - object.bytes.count))
+                    object.mtime = nil
+                    tree.objects[path] = object
+                }
+            }
             let done: Void? = try expect(expected, "truncate \(path)") { () throws(FSError) in
                 _ = try kernel.fs.setattr(try kernel.resolve(path), AttributeChanges(size: Int64(size)))
             }
@@ -464,6 +494,14 @@ final class ReferenceModelRun {
         try step("ch\(chown ? "own 7:8 and chmod" : "mod") \(String(mode, radix: 8)) \(path)") {
             let expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
             if expected == nil, tree.objects[path]!.kind == .symlink { return }
+            if expected == nil {
+                arm([path]) { tree in
+                    let object = ModelObject(copying: tree.objects[path]!)
+                    object.mode = mode
+                    if chown { (object.uid, object.gid) = (7, 8) }
+                    tree.objects[path] = object
+                }
+            }
             let done: Void? = try expect(expected, "chmod \(path)") { () throws(FSError) in
                 _ = try kernel.fs.setattr(
                     try kernel.resolve(path), AttributeChanges(mode: mode, uid: chown ? 7 : nil, gid: chown ? 8 : nil))
@@ -481,6 +519,13 @@ final class ReferenceModelRun {
         try step("utimens \(path) \(time)") {
             let expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
             if expected == nil, tree.objects[path]!.kind == .symlink { return }
+            if expected == nil {
+                arm([path]) { tree in
+                    let object = ModelObject(copying: tree.objects[path]!)
+                    object.mtime = time
+                    tree.objects[path] = object
+                }
+            }
             let done: Void? = try expect(expected, "utimens \(path)") { () throws(FSError) in
                 _ = try kernel.fs.setattr(try kernel.resolve(path), AttributeChanges(modified: time))
             }
@@ -511,6 +556,13 @@ final class ReferenceModelRun {
                 }
             }
             if expected == .notEmpty && from.startsWithBytes(to + "/") { return }  // the kernel's own check
+            if expected == nil {
+                arm([from, to]) { tree in
+                    guard !from.isSameKey(as: to) else { return }
+                    tree.objects[to] = nil
+                    tree.move(from, to: to)
+                }
+            }
             let done: Void? = try expect(expected, "rename \(from) -> \(to)") { () throws(FSError) in
                 let sourceParent = try kernel.parentOf(from)
                 let targetParent = try kernel.parentOf(to)
@@ -533,6 +585,7 @@ final class ReferenceModelRun {
         try step("unlink \(path)") {
             var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
             if expected == nil, tree.objects[path]!.kind == .directory { expected = .isADirectory }
+            if expected == nil { arm([path]) { $0.objects[path] = nil } }
             let done: Void? = try expect(expected, "unlink \(path)") { () throws(FSError) in
                 try kernel.fs.unlink(parent: try kernel.parentOf(path), name: ReferenceTree.name(path))
             }
@@ -550,6 +603,7 @@ final class ReferenceModelRun {
             var expected = parentError(path) ?? (tree.objects[path] == nil ? .notFound : nil)
             if expected == nil, tree.objects[path]!.kind != .directory { expected = .notADirectory }
             if expected == nil, !tree.children(of: path).isEmpty { expected = .notEmpty }
+            if expected == nil { arm([path]) { $0.objects[path] = nil } }
             let done: Void? = try expect(expected, "rmdir \(path)") { () throws(FSError) in
                 try kernel.fs.rmdir(parent: try kernel.parentOf(path), name: ReferenceTree.name(path))
             }
@@ -565,6 +619,9 @@ final class ReferenceModelRun {
         let mode: UInt16 = chance(0.5) ? 0o755 : 0o700
         try step("mkdir \(path) \(String(mode, radix: 8))") {
             let expected = parentError(path) ?? (tree.objects[path] == nil ? nil : .exists)
+            if expected == nil {
+                arm([path]) { $0.objects[path] = ModelObject(kind: .directory, mode: mode, uid: self.caller.uid, gid: self.caller.gid) }
+            }
             let done: Void? = try expect(expected, "mkdir \(path)") { () throws(FSError) in
                 let parent = try kernel.parentOf(path)
                 if try kernel.existing(path) != nil { throw FSError(.exists, "exists (the kernel's lookup)") }
@@ -584,6 +641,9 @@ final class ReferenceModelRun {
         let mode: UInt16 = chance(0.5) ? 0o644 : 0o600
         try step("mknod \(kind) \(path) \(String(mode, radix: 8))") {
             let expected = parentError(path) ?? (tree.objects[path] == nil ? nil : .exists)
+            if expected == nil {
+                arm([path]) { $0.objects[path] = ModelObject(kind: kind, mode: mode, uid: self.caller.uid, gid: self.caller.gid) }
+            }
             let done = try expect(expected, "mknod \(path)") { () throws(FSError) in
                 let parent = try kernel.parentOf(path)
                 if try kernel.existing(path) != nil { throw FSError(.exists, "exists (the kernel's lookup)") }
@@ -601,6 +661,13 @@ final class ReferenceModelRun {
         let target = "../t" + String(Int.random(in: 0..<1000, using: &random))
         try step("symlink \(path) -> \(target)") {
             let expected = parentError(path) ?? (tree.objects[path] == nil ? nil : .exists)
+            if expected == nil {
+                arm([path]) { tree in
+                    let object = ModelObject(kind: .symlink, mode: 0o777, uid: self.caller.uid, gid: self.caller.gid)
+                    object.target = target
+                    tree.objects[path] = object
+                }
+            }
             let done: Void? = try expect(expected, "symlink \(path)") { () throws(FSError) in
                 let parent = try kernel.parentOf(path)
                 if try kernel.existing(path) != nil { throw FSError(.exists, "exists (the kernel's lookup)") }
@@ -831,6 +898,7 @@ final class ReferenceModelRun {
 
     /// Compares what stat, readlink and a read of `path` show with the reference.
     func check(_ path: String) throws {
+        if deferredChecks != nil { return deferredChecks!.append { [unowned self] in try check(path) } }
         if path.isEmpty { return try checkListing("", plus: false) }
         guard let object = tree.objects[path] else {
             if parentError(path) == nil {
@@ -888,6 +956,7 @@ final class ReferenceModelRun {
 
     /// Every open handle reads what its object holds (renamed or unlinked or not).
     func checkHandles() throws {
+        if deferredChecks != nil { return deferredChecks!.append { [unowned self] in try checkHandles() } }
         for handle in handles {
             // A read-only handle reads the object; once no name leads to its file (unlinked,
             // replaced by a rename), the object may be gone: ENOENT or ESTALE then (the man page's
@@ -908,6 +977,7 @@ final class ReferenceModelRun {
 
     /// Where open objects live now (after renames), the tree shows them.
     func checkPathsOfOpenObjects() throws {
+        if deferredChecks != nil { return deferredChecks!.append { [unowned self] in try checkPathsOfOpenObjects() } }
         for (path, object) in tree.objects where handles.contains(where: { $0.object === object }) { try check(path) }
     }
 }

@@ -28,7 +28,7 @@ struct ReferenceModelTests {
                 try run.run(operations: operations)
             } catch {
                 failures += 1
-                Issue.record("\(error)")
+                Issue.record(error is ModelMismatch ? "\(error)" : "seed \(seed): \(error)\nlast operations:\n  \(run.trace.suffix(40).joined(separator: "\n  "))")
                 if failures >= 3 { break }
             }
             total += run.operations
