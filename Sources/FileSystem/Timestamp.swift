@@ -13,7 +13,12 @@ public struct Timestamp: Sendable, Equatable, Comparable, CustomStringConvertibl
         self.nanoseconds = nanoseconds
     }
 
+    /// Seconds since the epoch; a value no Int64 holds (not finite, beyond ±2^62) is the epoch.
     public init(_ value: Double) {
+        guard value.isFinite, abs(value) < 4.6e18 else {
+            self = .zero
+            return
+        }
         let whole = value.rounded(.down)
         seconds = Int64(whole)
         nanoseconds = Int32(min(999_999_999, max(0, ((value - whole) * 1e9).rounded())))

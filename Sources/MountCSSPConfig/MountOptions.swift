@@ -112,9 +112,12 @@ public enum Arguments {
     }
 
     static func apply(_ option: String, to options: inout MountOptions) throws(ConfigurationError) {
-        let parts = option.split(separator: "=", maxSplits: 1)
+        let parts = option.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
         let name = String(parts[0])
         let value = parts.count > 1 ? String(parts[1]) : nil
+        guard !name.isEmpty else {
+            throw ConfigurationError("option '\(option)' has no name: write NAME=VALUE (see mount.cssp --help)")
+        }
         func needValue() throws(ConfigurationError) -> String {
             guard let value, !value.isEmpty else { throw ConfigurationError("option '\(name)' needs a value: \(name)=…") }
             return value

@@ -52,8 +52,8 @@ public final class HTTPObjectStore: ObjectStore {
     public func headContainer() throws(ObjectStoreError) -> ContainerInfo {
         let response = try send(Request(method: "HEAD", key: nil))
         return ContainerInfo(
-            objectCount: Int64(response.headers["x-container-object-count"] ?? "") ?? 0,
-            bytesUsed: Int64(response.headers["x-container-bytes-used"] ?? "") ?? 0)
+            objectCount: Self.size(response.headers["x-container-object-count"]) ?? 0,
+            bytesUsed: Self.size(response.headers["x-container-bytes-used"]) ?? 0)
     }
 
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError)
@@ -67,6 +67,12 @@ public final class HTTPObjectStore: ObjectStore {
         if let marker { request.query.append(("marker", marker)) }
         let response = try send(request)
         let entries = response.status == 204 ? [] : try ListingParser.parse(response.body)
+        // Names come after the marker, in byte order: a server that ignores the marker would make
+        // a listing loop forever.
+        if let marker, let first = entries.first, !marker.utf8.lexicographicallyPrecedes(first.name.utf8) {
+            throw ObjectStoreError(
+                .invalidResponse, "the server ignored the listing marker ('\(first.name)' after '\(marker)'); is it a Swift or CSSP endpoint?")
+        }
         let next = entries.count >= limit ? entries.last?.name : nil
         return ListPage(entries: entries, nextMarker: next)
     }
@@ -335,10 +341,16 @@ public final class HTTPObjectStore: ObjectStore {
             _ = cssp_curl_setopt_ptr(h, CURLOPT_WRITEDATA, opaque)
             _ = cssp_curl_setopt_ptr(h, CURLOPT_READDATA, opaque)
             context.sink = sink
+            if sink != nil { context.rangeStart = request.range?.lower }
             defer { context.sink = nil }
             return curl_easy_perform(h)
         }
 
+        if let refused = context.refused {
+            let error = ObjectStoreError(
+                .invalidResponse, "refused \(refused) from \(configuration.baseURL) for '\(request.key ?? "")'")
+            return .failure(AttemptFailure(error: error, delivered: context.delivered))
+        }
         if curlResult != CURLE_OK {
             let reason = String(cString: curl_easy_strerror(curlResult))
             let error = ObjectStoreError(
@@ -416,21 +428,46 @@ public final class HTTPObjectStore: ObjectStore {
 
     private func objectInfo(key: String, response: Response) throws(ObjectStoreError) -> ObjectInfo {
         let h = response.headers
-        var size = Int64(h["content-length"] ?? "") ?? 0
-        if let contentRange = h["content-range"], let slash = contentRange.lastIndex(of: "/"),
-            let total = Int64(contentRange[contentRange.index(after: slash)...])
-        {
-            size = total
+        var size: Int64 = 0
+        if let length = h["content-length"] {
+            guard let parsed = Self.size(length) else { throw Self.impossible("size '\(length)'", key) }
+            size = parsed
+        }
+        if let contentRange = h["content-range"], let slash = contentRange.lastIndex(of: "/") {
+            let total = String(contentRange[contentRange.index(after: slash)...])
+            guard let parsed = Self.size(total) else { throw Self.impossible("size '\(total)'", key) }
+            size = parsed
         }
         var metadata: [String: String] = [:]
         for (name, value) in h where name.hasPrefix("x-object-meta-") {
             metadata[String(name.dropFirst("x-object-meta-".count))] = value
         }
-        let modified =
-            Double(h["x-timestamp"] ?? "") ?? h["last-modified"].flatMap { HTTPDate.parse($0) } ?? 0
+        let modified = Self.timestamp(h["x-timestamp"]) ?? h["last-modified"].flatMap { HTTPDate.parse($0) } ?? 0
         return ObjectInfo(
             key: key, size: size, etag: Self.versionETag(h), contentType: h["content-type"] ?? "",
             lastModified: modified, metadata: metadata, manifest: h["x-object-manifest"].map { PercentEncoding.decode($0) ?? $0 })
+    }
+
+    /// The largest size or count an answer may state (1 PiB): a larger one, or a negative one, is
+    /// a broken or hostile answer, and would overflow the arithmetic built on it.
+    public static let largestSize: Int64 = 1 << 50
+
+    /// A size or count as a header states it, if it is a plausible one.
+    static func size(_ text: String?) -> Int64? {
+        guard let text, let value = Int64(text), value >= 0, value <= largestSize else { return nil }
+        return value
+    }
+
+    /// An `X-Timestamp` (seconds since the epoch), if it is a time between 1970 and 9999.
+    static func timestamp(_ text: String?) -> Double? {
+        guard let text, let value = Double(text), value.isFinite, value >= 0, value < 253_402_300_800 else {
+            return nil
+        }
+        return value
+    }
+
+    static func impossible(_ what: String, _ key: String) -> ObjectStoreError {
+        ObjectStoreError(.invalidResponse, "the server answered an impossible \(what) for '\(key)'")
     }
 
     /// The ETag that names this version of the object as listings name it. A Static Large Object
@@ -494,6 +531,15 @@ final class TransferContext {
     var headers: [String: String] = [:]
     var body: [UInt8] = []
     var sink: ((UnsafeRawBufferPointer) -> Void)?
+    /// Where the bytes of a ranged GET must start: a 2xx answer other than a 206 for that range
+    /// (a server or proxy that ignored the Range header) is refused, never served as the range.
+    var rangeStart: Int64?
+    /// Why the answer's body was refused (the transfer is aborted).
+    var refused: String?
+    /// The most bytes of a body kept in memory: a successful answer larger than this is refused;
+    /// an error answer is cut (only its beginning says anything).
+    static let bodyLimit = 32 << 20
+    static let errorBodyLimit = 64 << 10
     var delivered: Int64 = 0
     var upload: Upload?
     var uploadError = false
@@ -506,6 +552,17 @@ final class TransferContext {
         case .file(_, _, let remaining): return remaining
         case nil: return 0
         }
+    }
+
+    /// Why a successful answer to a GET of the range starting at `start` is not that range.
+    func rangeProblem(_ start: Int64) -> String? {
+        guard status == 206 else { return "a \(status) answer to a ranged GET (the Range header was ignored)" }
+        // Content-Range: bytes START-END/TOTAL
+        guard let range = headers["content-range"], range.hasPrefix("bytes "),
+            let dash = range.firstIndex(of: "-"),
+            let first = Int64(range[range.index(range.startIndex, offsetBy: 6)..<dash]), first == start
+        else { return "a ranged answer for other bytes than asked (Content-Range '\(headers["content-range"] ?? "")', asked from \(start))" }
+        return nil
     }
 
     func closeUpload() {
@@ -540,11 +597,22 @@ private let curlWrite: cssp_curl_data_cb = { ptr, size, count, user in
     guard let ptr, let user else { return n }
     let context = Unmanaged<TransferContext>.fromOpaque(user).takeUnretainedValue()
     let raw = UnsafeRawBufferPointer(start: ptr, count: n)
-    if let sink = context.sink, (200..<300).contains(context.status) {
+    let success = (200..<300).contains(context.status)
+    if let sink = context.sink, success {
+        if context.delivered == 0, let start = context.rangeStart, let problem = context.rangeProblem(start) {
+            context.refused = problem
+            return 0
+        }
         sink(raw)
         context.delivered += Int64(n)
-    } else {
+    } else if success {
+        guard context.body.count + n <= TransferContext.bodyLimit else {
+            context.refused = "an answer larger than \(TransferContext.bodyLimit >> 20) MiB"
+            return 0
+        }
         context.body.append(contentsOf: raw)
+    } else {
+        context.body.append(contentsOf: raw.prefix(max(0, TransferContext.errorBodyLimit - context.body.count)))
     }
     return n
 }
@@ -590,6 +658,10 @@ enum HTTPDate {
         guard let monthIndex = months.firstIndex(of: String(parts[2])) else { return nil }
         let clock = parts[4].split(separator: ":")
         guard clock.count == 3, let h = Int(clock[0]), let m = Int(clock[1]), let s = Int(clock[2]) else { return nil }
+        // Years and fields outside these ranges are no time (and would overflow the arithmetic).
+        guard (1970...9999).contains(year), (1...31).contains(day), (0...23).contains(h), (0...59).contains(m),
+            (0...60).contains(s)
+        else { return nil }
         let days = ListingParser.daysFromCivil(year: year, month: monthIndex + 1, day: day)
         return Double(days * 86_400 + h * 3600 + m * 60 + s)
     }

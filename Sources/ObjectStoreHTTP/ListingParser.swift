@@ -50,7 +50,7 @@ public enum ListingParser {
             throw ObjectStoreError(.invalidResponse, "a listing entry has no name")
         }
         if kind == "subdir" { return .commonPrefix(name) }
-        guard let bytes = fields["bytes"].flatMap({ Int64($0) }) else {
+        guard let bytes = fields["bytes"].flatMap({ Int64($0) }), bytes >= 0, bytes <= HTTPObjectStore.largestSize else {
             throw ObjectStoreError(.invalidResponse, "listing entry '\(name)' has no valid size")
         }
         return .object(

@@ -43,30 +43,8 @@ struct ResumeTests {
         """#
 
     @Test func aResumedGetNeverSplicesTwoVersions() throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", Self.server]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        defer {
-            // SIGKILL: a child may inherit a mask that blocks SIGTERM from the test runner's thread.
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-        var line: [UInt8] = []
-        while true {
-            let byte = output.fileHandleForReading.readData(ofLength: 1)
-            guard let first = byte.first, first != 10 else { break }
-            line.append(first)
-        }
-        let port = try #require(Int(String(decoding: line, as: UTF8.self)))
-
-        Curl.globalInit()
-        var configuration = HTTPStoreConfiguration(
-            baseURL: "http://127.0.0.1:\(port)", container: "c", signer: RequestSigner(accessKey: "k", secret: "s"))
-        configuration.backoffBase = 0.01
-        let store = HTTPObjectStore(configuration: configuration, logger: Logger(label: "test"))
+        let server = try LocalHTTPServer(script: Self.server)
+        let store = server.store()
         var received: [UInt8] = []
         do {
             _ = try store.get(key: "object", range: nil) { received.append(contentsOf: $0) }

@@ -1,0 +1,47 @@
+import Foundation
+import Logging
+import ObjectStore
+import Testing
+
+@testable import ObjectStoreHTTP
+
+/// A small HTTP server (a Python script given to `/usr/bin/python3 -c`) on a free port of
+/// 127.0.0.1, for answers the real server never gives. The script prints its port first.
+final class LocalHTTPServer {
+    let process = Process()
+    let port: Int
+
+    init(script: String, arguments: [String] = []) throws {
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", script] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        var line: [UInt8] = []
+        while true {
+            let byte = output.fileHandleForReading.readData(ofLength: 1)
+            guard let first = byte.first, first != 10 else { break }
+            line.append(first)
+        }
+        guard let port = Int(String(decoding: line, as: UTF8.self)) else {
+            kill(process.processIdentifier, SIGKILL)
+            throw ObjectStoreError(.invalidResponse, "the test server did not start")
+        }
+        self.port = port
+    }
+
+    deinit {
+        // SIGKILL: a child may inherit a mask that blocks SIGTERM from the test runner's thread.
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// A store of container "c" on this server, retrying quickly.
+    func store() -> HTTPObjectStore {
+        Curl.globalInit()
+        var configuration = HTTPStoreConfiguration(
+            baseURL: "http://127.0.0.1:\(port)", container: "c", signer: RequestSigner(accessKey: "k", secret: "s"))
+        configuration.backoffBase = 0.01
+        return HTTPObjectStore(configuration: configuration, logger: Logger(label: "test"))
+    }
+}
