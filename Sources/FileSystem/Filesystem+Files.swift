@@ -330,7 +330,20 @@ extension Filesystem {
             s.sweep()
             return true
         }
-        if done { open.discard() }
+        guard done else { return }
+        // (Retired now: whether it was removed before is not known here, so bytes of a removed file
+        // with a failed write are kept too; they are the operator's to delete.)
+        let (failure, unstored) = open.state.withLock { ($0.writeFailure, $0.dataDirty) }
+        if let failure, unstored {
+            // Never uploaded (they are not what was written); kept for the operator, never deleted.
+            Glibc.close(open.fd)
+            Spool.removeNote(dataPath: open.path)
+            let kept = Spool.keepLost(dataPath: open.path) ?? open.path
+            logger.error(
+                "not stored, because a write to the cache failed (\(failure.message)); the bytes written are kept in \(kept)")
+            return
+        }
+        open.discard()
     }
 
     /// Carries out what the spool's state machine decided after a failed upload.
@@ -416,6 +429,12 @@ extension Filesystem {
     /// `commit`, for a caller that holds the spool's upload lock.
     func commitLocked(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
         let snapshot = open.state.withLock { $0 }
+        if let failure = snapshot.writeFailure, snapshot.dataDirty, !snapshot.isRemoved {
+            throw FSError(
+                failure.code,
+                "a write to the cache failed earlier (\(failure.message)): the file is not stored, the previous "
+                    + "version stays, and the bytes written are kept in lost+found/ at the last close")
+        }
         if !snapshot.needsUpload { return }
         guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
         if owed && snapshot.dataDirty {

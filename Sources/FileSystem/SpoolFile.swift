@@ -49,6 +49,11 @@ struct SpoolState: Equatable {
     /// The ETag of the object these bytes replace ("" for a new name): an owed upload checks it
     /// first, so that another client's newer version is never overwritten (see `Spool`).
     var baseETag: String
+    /// A write or truncation of the spool failed (a full `cache_dir`): its bytes are not what the
+    /// application wrote, so they are never uploaded. Every flush reports this error; the last
+    /// close keeps the bytes in `lost+found/` and retires the spool. A truncation to 0 starts the
+    /// content anew and clears it.
+    var writeFailure: FSError? = nil
 
     init(size: Int64, dataDirty: Bool, baseETag: String = "") {
         self.size = size
@@ -66,7 +71,7 @@ struct SpoolState: Equatable {
     var isRemoved: Bool { phase == .removed || phase == .retired }
 
     /// Whether an upload now would store something (changed, and a name still leads to it).
-    var needsUpload: Bool { isDirty && !isRemoved }
+    var needsUpload: Bool { isDirty && !isRemoved && writeFailure == nil }
 
     /// A handle opens on the spool. False when it is retired: the caller makes a new one.
     mutating func attach(writable: Bool) -> Bool {
@@ -97,6 +102,7 @@ struct SpoolState: Equatable {
             readers -= 1
         }
         guard isIdle else { return .keep }
+        if writeFailure != nil && phase != .retired { return .retire }
         switch phase {
         case .pending: return .journal
         case .retired: return .keep
@@ -164,7 +170,8 @@ struct SpoolState: Equatable {
 
     /// The owner drops the spool: only when idle and nothing is owed. Returns whether it did.
     mutating func retire() -> Bool {
-        guard isIdle, phase == .removed || (phase == .active && !isDirty) else { return false }
+        guard isIdle, phase == .removed || (phase == .active && !isDirty) || (phase != .retired && writeFailure != nil)
+        else { return false }
         phase = .retired
         return true
     }
@@ -209,7 +216,7 @@ final class SpoolFile: Sendable {
             let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
             if n < 0 {
                 if errno == EINTR { continue }
-                throw Spool.error("write to spool \(path)")
+                throw failed(Spool.error("write to spool \(path)"))
             }
             done += n
         }
@@ -227,8 +234,9 @@ final class SpoolFile: Sendable {
                 s.generation += 1
             }
         }
-        guard ftruncate(fd, off_t(size)) == 0 else { throw Spool.error("truncate spool \(path)") }
+        guard ftruncate(fd, off_t(size)) == 0 else { throw failed(Spool.error("truncate spool \(path)")) }
         state.withLock { s in
+            if size == 0 { s.writeFailure = nil }
             if let parts = s.earlyParts {
                 // Every part between the old and the new end changed.
                 let low = Int(min(size, s.size) / parts.partSize)
@@ -238,6 +246,14 @@ final class SpoolFile: Sendable {
             s.size = size
             s.dataDirty = true
         }
+    }
+
+    /// Records that the spool no longer holds what the application wrote (see `writeFailure`).
+    private func failed(_ error: FSError) -> FSError {
+        state.withLock { s in
+            if s.writeFailure == nil { s.writeFailure = error }
+        }
+        return error
     }
 
     /// Whether the spool holds exactly what it held at `generation` (no change since, none under way).

@@ -245,6 +245,43 @@ struct WriteTests {
         #expect(try mount.unmount() == 0)
     }
 
+    /// Hostile-network issue, item 2: when `cache_dir` is full a write fails with ENOSPC, and the
+    /// close after it must not store the bytes written so far as the whole file. The previous
+    /// version stays on the server; the bytes are kept in the spool's `lost+found/`.
+    @Test func aWriteThatFillsTheCacheIsNeverStoredAsTheWholeFile() throws {
+        let scene = try Scene("full")
+        defer { scene.cleanUp() }
+        try scene.store.raw.put(
+            key: "f.bin", body: .bytes(Array("the previous version\n".utf8)), contentType: nil, metadata: [:])
+        try FileManager.default.createDirectory(atPath: scene.cache, withIntermediateDirectories: true)
+        let small = try shell("mount -t tmpfs -o size=3m,mode=0700 tmpfs \(quoted(scene.cache))")
+        try #require(small.status == 0, "\(small.stderr)")
+        defer { _ = try? shell("umount \(quoted(scene.cache))") }
+        let mount = try scene.mount()
+        let writer = """
+            import sys
+            f = open(sys.argv[1], "wb")
+            try:
+                for _ in range(128):
+                    f.write(b"x" * 65536)
+                    f.flush()
+            except OSError as e:
+                print("write failed:", e.errno)
+            try:
+                f.close()
+            except OSError as e:
+                print("close failed:", e.errno); sys.exit(0)
+            print("close succeeded")
+            """
+        let wrote = try shell("/usr/bin/python3 -c \(quoted(writer)) \(quoted(mount.path("f.bin")))")
+        #expect(wrote.stdout.hasSuffix("close failed: 28\n"), "\(wrote.stdout) \(wrote.stderr)")
+        #expect(try mount.unmount() == 0)
+        let stored = try scene.store.raw.getBytes(key: "f.bin", range: nil)
+        #expect(String(decoding: stored, as: UTF8.self) == "the previous version\n", "\(stored.count) bytes stored")
+        let kept = try shell("find \(quoted(scene.cache)) -path '*lost+found*' -type f")
+        #expect(kept.stdout.split(separator: "\n").count == 1, "\(kept.stdout)")
+    }
+
     @Test func namespaceOperationsFollowPOSIX() throws {
         let scene = try Scene("names")
         defer { scene.cleanUp() }

@@ -88,4 +88,25 @@ struct SpoolStateTests {
         let r13 = s.retire()
         #expect(r13)
     }
+
+    /// A failed write into the spool: nothing is uploaded any more, from any phase, and the last
+    /// close retires the spool (its bytes go to lost+found, see `Filesystem.retire`).
+    @Test func aFailedWriteIsNeverUploaded() {
+        var active = opened(writers: 2)
+        active.writeFailure = FSError(.noSpace, "full")
+        #expect(!active.needsUpload)
+        #expect(active.detach(writable: true) == .keep)
+        #expect(active.detach(writable: true) == .retire)
+        let retired = active.retire()
+        #expect(retired)
+        var owed = opened()
+        _ = owed.detach(writable: true)
+        #expect(owed.uploadFailed() == .scheduleRetry(tries: 1))
+        _ = owed.attach(writable: true)
+        owed.writeFailure = FSError(.noSpace, "full")
+        #expect(owed.detach(writable: true) == .retire, "a pending spool whose new write failed is not journaled")
+        let gone = owed.retire()
+        #expect(gone)
+    }
 }
+
