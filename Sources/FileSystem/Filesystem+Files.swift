@@ -352,8 +352,9 @@ extension Filesystem {
         case .keep: break
         case .retire: retire(open)
         case .scheduleRetry(let tries):
+            // Jitter: after an outage, the owed uploads of a mount (and of many mounts) spread out.
             let delay = min(60, configuration.pendingRetrySeconds * Double(1 << min(tries - 1, 10)))
-            pool.submit(after: delay) { [self] in retryUpload(open) }
+            pool.submit(after: delay * Double.random(in: 0.8...1.2)) { [self] in retryUpload(open) }
         }
     }
 

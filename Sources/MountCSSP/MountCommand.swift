@@ -106,6 +106,9 @@ enum MountCommand {
             signer: RequestSigner(accessKey: credentials.accessKey, secret: credentials.secret))
         storeConfiguration.connectTimeout = options.connectTimeout
         storeConfiguration.stallTimeout = options.stallTimeout
+        storeConfiguration.lowSpeedLimit = options.lowSpeedLimit
+        storeConfiguration.requestTimeout = options.requestTimeout
+        storeConfiguration.copyTimeout = options.copyTimeout
         storeConfiguration.maxAttempts = options.retries + 1
         storeConfiguration.credentialSource = credentials.source
         // Test hook: simulates a skewed clock (see docs/testing.md). Never needed in production.

@@ -21,6 +21,9 @@ public struct MountOptions: Sendable, Equatable {
     public var retries = 6
     public var connectTimeout = 10
     public var stallTimeout = 30
+    public var lowSpeedLimit = 1024
+    public var requestTimeout = 60
+    public var copyTimeout = 3600
     public var readAheadMiB = 24
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
@@ -178,6 +181,9 @@ public enum Arguments {
         case "retries": options.retries = try integer(0...20)
         case "connect_timeout": options.connectTimeout = try integer(1...600)
         case "stall_timeout": options.stallTimeout = try integer(1...3600)
+        case "low_speed_limit": options.lowSpeedLimit = try integer(1...(1 << 30))
+        case "request_timeout": options.requestTimeout = try integer(1...86_400)
+        case "copy_timeout": options.copyTimeout = try integer(1...86_400)
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "cache_size": options.cacheSize = try byteCount()
@@ -238,7 +244,10 @@ public enum Arguments {
           max_threads=N          FUSE worker threads (default 16)
           retries=N              retries of a failed idempotent request (default 6)
           connect_timeout=S      seconds to connect (default 10)
-          stall_timeout=S        seconds without progress before a transfer fails (default 30)
+          stall_timeout=S        seconds below low_speed_limit before a transfer fails (default 30)
+          low_speed_limit=B      bytes per second a transfer must keep up (default 1024)
+          request_timeout=S      deadline of a request, plus its size at low_speed_limit (default 60)
+          copy_timeout=S         deadline of a server-side copy (default 3600)
           fsname=NAME            name in the mount table (default: the URL)
           nosuid,nodev,noexec,noatime,...  passed to the kernel
           _netdev,nofail,noauto,auto,user,users,nouser,owner,group,defaults,x-*,comment=

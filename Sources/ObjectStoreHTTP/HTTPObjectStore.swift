@@ -14,13 +14,24 @@ public struct HTTPStoreConfiguration: Sendable {
     public var signer: RequestSigner
     /// Seconds to wait for a TCP/TLS connection.
     public var connectTimeout: Int = 10
-    /// A transfer that moves no byte for this many seconds fails (and may be retried).
+    /// A transfer slower than `lowSpeedLimit` bytes a second for this many seconds fails (and
+    /// may be retried): a stall, or a server that drips.
     public var stallTimeout: Int = 30
+    public var lowSpeedLimit: Int = 1024
+    /// Seconds a request may take beyond what its known size needs at `lowSpeedLimit` (a HEAD,
+    /// a DELETE, a ranged GET, a PUT of a known length); a whole-object GET has no deadline.
+    public var requestTimeout: Int = 60
+    /// Seconds a server-side COPY may take (it answers nothing until it is done, so it has no
+    /// low-speed limit). A COPY that fails is checked (are the ETags equal now?) before it is
+    /// sent again.
+    public var copyTimeout: Int = 3600
+    /// The longest wait a `Retry-After` answer gets (longer ones are cut to this).
+    public var retryAfterCap: Double = 60
     /// Attempts per idempotent request, the first included.
     public var maxAttempts: Int = 5
     /// Backoff before retry n is a random value in [b/2, b], b = min(backoffCap, backoffBase * 2^n).
     public var backoffBase: Double = 0.1
-    public var backoffCap: Double = 5
+    public var backoffCap: Double = 30
     /// Added to this machine's clock when dating requests. Only tests set it, to simulate skew.
     public var clockOffsetSeconds: Int = 0
     /// Where the credentials came from, named in authentication errors (never the secret itself).
@@ -144,13 +155,36 @@ public final class HTTPObjectStore: ObjectStore {
     {
         var request = Request(method: "PUT", key: destination)
         request.body = .bytes([])
+        request.isCopy = true
+        request.maxAttempts = 1
         let from = PercentEncoding.encode("/" + configuration.container + "/" + source, keepSlash: true)
         request.headers.append(("X-Copy-From", from))
         if let metadata {
             request.headers.append(("X-Fresh-Metadata", "true"))
             request.headers += Self.metadataHeaders(metadata)
         }
-        _ = try send(request)
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                _ = try send(request)
+                return
+            } catch {
+                guard error.isRetryable, attempt < configuration.maxAttempts else { throw error }
+                // The copy may be done (its answer lost) or still running on the server: a long
+                // copy sent again and again would never finish.
+                if isCopied(from: source, to: destination) { return }
+                usleep(UInt32(backoff(attempt: attempt) * 1_000_000))
+            }
+        }
+    }
+
+    /// Whether `destination` holds `source`'s content now (equal ETags).
+    private func isCopied(from source: String, to destination: String) -> Bool {
+        guard let copied = try? head(key: destination), !copied.etag.isEmpty,
+            let original = try? head(key: source)
+        else { return false }
+        return copied.etag == original.etag
     }
 
     public func delete(key: String) throws(ObjectStoreError) {
@@ -193,6 +227,10 @@ public final class HTTPObjectStore: ObjectStore {
         var body: PutBody? = nil
         /// Hash the body while sending it (`Response.sentMD5`).
         var hashBody = false
+        /// A server-side copy: no low-speed limit, `copyTimeout` instead.
+        var isCopy = false
+        /// Attempts of this request (nil: the configuration's).
+        var maxAttempts: Int? = nil
     }
 
     struct Response {
@@ -234,8 +272,13 @@ public final class HTTPObjectStore: ObjectStore {
                 if delivered == 0 && failure.delivered > 0 { deliveredETag = failure.versionETag }
                 delivered += failure.delivered
                 let error = failure.error
-                guard error.isRetryable, attempt < configuration.maxAttempts else { throw error }
-                let delay = backoff(attempt: attempt)
+                // A DELETE sent again after an answer was lost finds nothing: it was done.
+                if request.method == "DELETE" && attempt > 1 && error.code == .notFound {
+                    return Response(status: 204, headers: [:], body: [])
+                }
+                guard error.isRetryable, attempt < (request.maxAttempts ?? configuration.maxAttempts) else { throw error }
+                // A server that says when to come back is believed (up to retryAfterCap).
+                let delay = max(backoff(attempt: attempt), min(failure.retryAfter ?? 0, configuration.retryAfterCap))
                 logger.debug(
                     "retrying request",
                     metadata: [
@@ -245,6 +288,14 @@ public final class HTTPObjectStore: ObjectStore {
                 usleep(UInt32(delay * 1_000_000))
             }
         }
+    }
+
+    /// `Retry-After`: seconds, or an HTTP date.
+    static func retryAfter(_ value: String?, now: Double = Double(time(nil))) -> Double? {
+        guard let value else { return nil }
+        if let seconds = Double(value), seconds.isFinite, seconds >= 0 { return seconds }
+        guard let date = HTTPDate.parse(value) else { return nil }
+        return max(0, date - now)
     }
 
     private func backoff(attempt: Int) -> Double {
@@ -259,6 +310,28 @@ public final class HTTPObjectStore: ObjectStore {
         /// The ETag of the response whose bytes were delivered, when it names one version (not a
         /// DLO, whose ETag is computed per response and cannot be matched).
         var versionETag: String? = nil
+        /// Seconds the server asked to wait (`Retry-After`).
+        var retryAfter: Double? = nil
+    }
+
+    /// The bytes a request moves when known up front (its deadline grows with them); nil for a
+    /// GET of a whole object or a listing.
+    private func knownLength(of request: Request) -> Int64? {
+        switch request.method {
+        case "PUT": return uploadLength(of: request)
+        case "GET":
+            guard request.key != nil, let range = request.range, range.upper < Int64.max - 1 else { return nil }
+            return range.length
+        default: return 0
+        }
+    }
+
+    private func uploadLength(of request: Request) -> Int64 {
+        switch request.body {
+        case .bytes(let bytes)?: return Int64(bytes.count)
+        case .file(_, _, let length)?: return length
+        case nil: return 0
+        }
     }
 
     private func url(for request: Request) -> String {
@@ -320,8 +393,16 @@ public final class HTTPObjectStore: ObjectStore {
             _ = cssp_curl_setopt_ptr(h, CURLOPT_HTTPHEADER, list)
             _ = cssp_curl_setopt_long(h, CURLOPT_NOSIGNAL, 1)
             _ = cssp_curl_setopt_long(h, CURLOPT_CONNECTTIMEOUT, configuration.connectTimeout)
-            _ = cssp_curl_setopt_long(h, CURLOPT_LOW_SPEED_LIMIT, 1)
-            _ = cssp_curl_setopt_long(h, CURLOPT_LOW_SPEED_TIME, configuration.stallTimeout)
+            if request.isCopy {
+                _ = cssp_curl_setopt_long(h, CURLOPT_TIMEOUT, configuration.copyTimeout)
+            } else {
+                _ = cssp_curl_setopt_long(h, CURLOPT_LOW_SPEED_LIMIT, configuration.lowSpeedLimit)
+                _ = cssp_curl_setopt_long(h, CURLOPT_LOW_SPEED_TIME, configuration.stallTimeout)
+                if let bytes = knownLength(of: request) {
+                    let needed = bytes / Int64(max(1, configuration.lowSpeedLimit))
+                    _ = cssp_curl_setopt_long(h, CURLOPT_TIMEOUT, configuration.requestTimeout + Int(min(needed, 1 << 40)))
+                }
+            }
             _ = cssp_curl_setopt_long(h, CURLOPT_TCP_KEEPALIVE, 1)
             _ = cssp_curl_setopt_long(h, CURLOPT_BUFFERSIZE, 512 * 1024)
             _ = cssp_curl_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, 1024 * 1024)
@@ -362,7 +443,10 @@ public final class HTTPObjectStore: ObjectStore {
         let response = Response(
             status: context.status, headers: context.headers, body: context.body, sentMD5: context.md5?.finalize())
         if (200..<300).contains(response.status) { return .success(response) }
-        return .failure(AttemptFailure(error: error(for: response, request: request), delivered: context.delivered))
+        return .failure(
+            AttemptFailure(
+                error: error(for: response, request: request), delivered: context.delivered,
+                retryAfter: Self.retryAfter(response.headers["retry-after"])))
     }
 
     /// Turns a non-2xx response into a typed error whose message says what to do.

@@ -37,11 +37,12 @@ final class LocalHTTPServer {
     }
 
     /// A store of container "c" on this server, retrying quickly.
-    func store() -> HTTPObjectStore {
+    func store(configure: (inout HTTPStoreConfiguration) -> Void = { _ in }) -> HTTPObjectStore {
         Curl.globalInit()
         var configuration = HTTPStoreConfiguration(
             baseURL: "http://127.0.0.1:\(port)", container: "c", signer: RequestSigner(accessKey: "k", secret: "s"))
         configuration.backoffBase = 0.01
+        configure(&configuration)
         return HTTPObjectStore(configuration: configuration, logger: Logger(label: "test"))
     }
 }
