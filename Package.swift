@@ -73,7 +73,7 @@ let package = Package(
         // Option, URL and credential parsing, shared by mount.cssp and cssp-tool; pure, unit-tested.
         .target(name: "MountCSSPConfig", dependencies: ["ObjectStore"]),
 
-        .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore"]),
+        .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore", "ObjectStoreTesting"]),
         .testTarget(
             name: "BlockCacheTests",
             dependencies: ["BlockCache", .product(name: "Logging", package: "swift-log")]

@@ -50,6 +50,14 @@ enum MountCommand {
         }
     }
 
+    /// `path` resolved against the current directory (the daemon's is `/` once it detaches).
+    static func absolute(_ path: String) -> String {
+        guard !path.hasPrefix("/") else { return path }
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        guard getcwd(&buffer, buffer.count) != nil else { return path }
+        return String(cString: buffer) + "/" + path
+    }
+
     static func fail(_ message: String, _ status: Int32) -> Int32 {
         LogSink.stderr("mount.cssp: \(message)\n")
         return status
@@ -109,6 +117,22 @@ enum MountCommand {
         storeConfiguration.lowSpeedLimit = options.lowSpeedLimit
         storeConfiguration.requestTimeout = options.requestTimeout
         storeConfiguration.copyTimeout = options.copyTimeout
+        for (option, path, isDirectory) in [("cafile", options.caFile, false), ("capath", options.caPath, true)] {
+            guard let path else { continue }
+            var st = stat()
+            guard stat(path, &st) == 0, ((st.st_mode & S_IFMT) == S_IFDIR) == isDirectory, access(path, R_OK) == 0 else {
+                return fail(
+                    "\(option)=\(path): not a readable \(isDirectory ? "directory" : "file"); give the CA certificate "
+                        + (isDirectory ? "directory (openssl rehash DIR)" : "file (PEM)"), ExitStatus.usage)
+            }
+        }
+        storeConfiguration.caFile = options.caFile.map { Self.absolute($0) }
+        storeConfiguration.caPath = options.caPath.map { Self.absolute($0) }
+        storeConfiguration.insecure = options.insecure
+        if options.insecure && options.endpoint.baseURL.hasPrefix("https://") {
+            logger.warning(
+                "-o insecure: the server's certificate is not verified; anyone on the network path can read and change what this mount sends and receives")
+        }
         storeConfiguration.maxAttempts = options.retries + 1
         storeConfiguration.credentialSource = credentials.source
         // Test hook: simulates a skewed clock (see docs/testing.md). Never needed in production.

@@ -24,6 +24,10 @@ public struct MountOptions: Sendable, Equatable {
     public var lowSpeedLimit = 1024
     public var requestTimeout = 60
     public var copyTimeout = 3600
+    /// TLS: extra CA certificates (a PEM file, a hashed directory), or no verification at all.
+    public var caFile: String? = nil
+    public var caPath: String? = nil
+    public var insecure = false
     public var readAheadMiB = 24
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
@@ -184,6 +188,9 @@ public enum Arguments {
         case "low_speed_limit": options.lowSpeedLimit = try integer(1...(1 << 30))
         case "request_timeout": options.requestTimeout = try integer(1...86_400)
         case "copy_timeout": options.copyTimeout = try integer(1...86_400)
+        case "cafile": options.caFile = try needValue()
+        case "capath": options.caPath = try needValue()
+        case "insecure": options.insecure = true
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "cache_size": options.cacheSize = try byteCount()
@@ -248,6 +255,9 @@ public enum Arguments {
           low_speed_limit=B      bytes per second a transfer must keep up (default 1024)
           request_timeout=S      deadline of a request, plus its size at low_speed_limit (default 60)
           copy_timeout=S         deadline of a server-side copy (default 3600)
+          cafile=PATH            PEM file of CA certificates that sign the server's (private CA)
+          capath=DIR             directory of hashed CA certificates (openssl rehash)
+          insecure               no certificate verification (warned at every mount)
           fsname=NAME            name in the mount table (default: the URL)
           nosuid,nodev,noexec,noatime,...  passed to the kernel
           _netdev,nofail,noauto,auto,user,users,nouser,owner,group,defaults,x-*,comment=

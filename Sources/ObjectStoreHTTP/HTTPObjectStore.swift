@@ -27,6 +27,12 @@ public struct HTTPStoreConfiguration: Sendable {
     public var copyTimeout: Int = 3600
     /// The longest wait a `Retry-After` answer gets (longer ones are cut to this).
     public var retryAfterCap: Double = 60
+    /// CA certificates that sign the server's certificate, besides the system's: a PEM file, a
+    /// directory of hashed PEM files (`openssl rehash`).
+    public var caFile: String? = nil
+    public var caPath: String? = nil
+    /// No certificate verification at all (`-o insecure`).
+    public var insecure = false
     /// Attempts per idempotent request, the first included.
     public var maxAttempts: Int = 5
     /// Backoff before retry n is a random value in [b/2, b], b = min(backoffCap, backoffBase * 2^n).
@@ -290,6 +296,18 @@ public final class HTTPObjectStore: ObjectStore {
         }
     }
 
+    /// What is wrong with the server's certificate (or the CA files given), when that is why the
+    /// transfer failed: retrying cannot help, and "check the URL" would mislead.
+    static func certificateProblem(_ result: CURLcode) -> String? {
+        switch result {
+        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_CRL_BADFILE,
+            CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS:
+            return String(cString: curl_easy_strerror(result))
+        default:
+            return nil
+        }
+    }
+
     /// `Retry-After`: seconds, or an HTTP date.
     static func retryAfter(_ value: String?, now: Double = Double(time(nil))) -> Double? {
         guard let value else { return nil }
@@ -404,6 +422,12 @@ public final class HTTPObjectStore: ObjectStore {
                 }
             }
             _ = cssp_curl_setopt_long(h, CURLOPT_TCP_KEEPALIVE, 1)
+            if let caFile = configuration.caFile { _ = cssp_curl_setopt_ptr(h, CURLOPT_CAINFO, caFile) }
+            if let caPath = configuration.caPath { _ = cssp_curl_setopt_ptr(h, CURLOPT_CAPATH, caPath) }
+            if configuration.insecure {
+                _ = cssp_curl_setopt_long(h, CURLOPT_SSL_VERIFYPEER, 0)
+                _ = cssp_curl_setopt_long(h, CURLOPT_SSL_VERIFYHOST, 0)
+            }
             _ = cssp_curl_setopt_long(h, CURLOPT_BUFFERSIZE, 512 * 1024)
             _ = cssp_curl_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, 1024 * 1024)
             switch request.method {
@@ -431,6 +455,13 @@ public final class HTTPObjectStore: ObjectStore {
             let error = ObjectStoreError(
                 .invalidResponse, "refused \(refused) from \(configuration.baseURL) for '\(request.key ?? "")'")
             return .failure(AttemptFailure(error: error, delivered: context.delivered))
+        }
+        if let problem = Self.certificateProblem(curlResult) {
+            let error = ObjectStoreError(
+                .invalidRequest,
+                "the certificate of \(configuration.baseURL) is not trusted (\(problem)): if a private CA signed it, "
+                    + "use -o cafile=PATH (or capath=DIR)")
+            return .failure(AttemptFailure(error: error, delivered: 0))
         }
         if curlResult != CURLE_OK {
             let reason = String(cString: curl_easy_strerror(curlResult))

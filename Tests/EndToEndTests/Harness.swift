@@ -93,7 +93,11 @@ final class Mount {
     private let stderrPath: String
     private var exitStatus: Int32? = nil
 
-    init(_ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:]) throws {
+    /// `url`: the server's URL when not the environment's (a TLS relay in front of it).
+    init(
+        _ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:],
+        url: String? = nil
+    ) throws {
         let id = UUID().uuidString.prefix(8)
         directory = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id
         stderrPath = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id + ".stderr"
@@ -105,7 +109,7 @@ final class Mount {
             close(nullFD)
         }
         let argv = [
-            environment.binary, environment.serverURL + "/" + container, directory, "-f", "-o",
+            environment.binary, (url ?? environment.serverURL) + "/" + container, directory, "-f", "-o",
             (["passwd_file=" + environment.passwdFile] + options).joined(separator: ","),
         ]
         child = try Child.spawn(

@@ -57,6 +57,7 @@ struct ArgumentsTests {
         (["http://h/c", "/m", "-o", "=5"], "has no name"),
         (["http://h/c", "/m", "-o", "low_speed_limit=0"], "option 'low_speed_limit'"),
         (["http://h/c", "/m", "-o", "copy_timeout=soon"], "option 'copy_timeout'"),
+        (["http://h/c", "/m", "-o", "cafile"], "needs a value"),
         (["http://h/c", "/m", "-o", "uid=-1"], "option 'uid'"),
         (["http://h/c", "/m", "-o", "umask=999"], "octal"),
         (["http://h/c", "/m", "-o", "attr_timeout=abc"], "seconds"),

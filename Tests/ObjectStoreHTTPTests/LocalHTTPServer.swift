@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import ObjectStore
+import ObjectStoreTesting
 import Testing
 
 @testable import ObjectStoreHTTP
@@ -8,26 +9,11 @@ import Testing
 /// A small HTTP server (a Python script given to `/usr/bin/python3 -c`) on a free port of
 /// 127.0.0.1, for answers the real server never gives. The script prints its port first.
 final class LocalHTTPServer {
-    let process = Process()
+    let process: Process
     let port: Int
 
     init(script: String, arguments: [String] = []) throws {
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", script] + arguments
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        var line: [UInt8] = []
-        while true {
-            let byte = output.fileHandleForReading.readData(ofLength: 1)
-            guard let first = byte.first, first != 10 else { break }
-            line.append(first)
-        }
-        guard let port = Int(String(decoding: line, as: UTF8.self)) else {
-            kill(process.processIdentifier, SIGKILL)
-            throw ObjectStoreError(.invalidResponse, "the test server did not start")
-        }
-        self.port = port
+        (process, port) = try launchPrintingPort("/usr/bin/python3", ["-c", script] + arguments)
     }
 
     deinit {
