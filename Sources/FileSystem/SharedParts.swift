@@ -24,7 +24,7 @@ final class SharedParts: Sendable {
     func mark(_ manifest: String) {
         let added = manifests.withLock { $0.insert(manifest).inserted }
         guard added else { return }
-        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
         defer { close(fd) }
         let line = Array((manifest + "\n").utf8)

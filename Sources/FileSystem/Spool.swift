@@ -110,7 +110,7 @@ final class Spool: Sendable {
 
     /// Locks `directory/.lock` until `unlock` (or the end of the process); returns the descriptor, or -1.
     private static func lock(_ directory: String) -> Int32 {
-        let fd = open(directory + "/.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        let fd = open(directory + "/.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return -1 }
         if flock(fd, LOCK_EX | LOCK_NB) == 0 { return fd }
         close(fd)
@@ -129,7 +129,7 @@ final class Spool: Sendable {
     /// Creates a new empty spool file, opened read-write.
     func create() throws(FSError) -> (path: String, fd: Int32) {
         let path = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".data"
-        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Spool.error("create spool file \(path)") }
         return (path, fd)
     }
@@ -199,7 +199,9 @@ final class Spool: Sendable {
     /// the old note, so that a crash leaves one whole note or the other).
     static func writePendingNote(dataPath: String, upload: PendingUpload) {
         let note = String(dataPath.dropLast(".data".count)) + ".pending"
-        let fd = open(note + ".new", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        // A fresh file, never one a link points at: a leftover ".new" (a crash) is removed first.
+        unlink(note + ".new")
+        let fd = open(note + ".new", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
         let bytes = upload.encoded
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }

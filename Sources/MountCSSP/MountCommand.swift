@@ -34,7 +34,7 @@ enum MountCommand {
 
         let command: Command
         do {
-            command = try Arguments.parse(arguments)
+            command = try Arguments.parse(arguments, calledByMount: parentIsMount())
         } catch {
             return fail(error.message, ExitStatus.usage)
         }
@@ -50,12 +50,15 @@ enum MountCommand {
         }
     }
 
-    /// `path` resolved against the current directory (the daemon's is `/` once it detaches).
-    static func absolute(_ path: String) -> String {
-        guard !path.hasPrefix("/") else { return path }
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        guard getcwd(&buffer, buffer.count) != nil else { return path }
-        return String(cString: buffer) + "/" + path
+    /// Whether mount(8) runs us: then `-f` means *fake* (see `Arguments.parse`). mount(8) forks
+    /// and executes the helper itself, so it is the parent process.
+    static func parentIsMount() -> Bool {
+        let fd = open("/proc/\(getppid())/comm", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 32)
+        let n = read(fd, &buffer, buffer.count)
+        return n > 0 && buffer[0..<n] == Array("mount\n".utf8)[...]
     }
 
     static func fail(_ message: String, _ status: Int32) -> Int32 {
@@ -126,8 +129,8 @@ enum MountCommand {
                         + (isDirectory ? "directory (openssl rehash DIR)" : "file (PEM)"), ExitStatus.usage)
             }
         }
-        storeConfiguration.caFile = options.caFile.map { Self.absolute($0) }
-        storeConfiguration.caPath = options.caPath.map { Self.absolute($0) }
+        storeConfiguration.caFile = options.caFile
+        storeConfiguration.caPath = options.caPath
         storeConfiguration.insecure = options.insecure
         if options.insecure && options.endpoint.baseURL.hasPrefix("https://") {
             logger.warning(
@@ -137,6 +140,12 @@ enum MountCommand {
         storeConfiguration.credentialSource = credentials.source
         // Test hook: simulates a skewed clock (see docs/testing.md). Never needed in production.
         storeConfiguration.clockOffsetSeconds = Int(env["CSSP_TEST_CLOCK_OFFSET_SECONDS"] ?? "") ?? 0
+
+        if options.fake {
+            // mount -f: everything above checked, nothing mounted (not even the server asked).
+            logger.info("mount -f (fake): \(options.endpoint.url) on \(options.mountpoint) not mounted")
+            return ExitStatus.success
+        }
 
         // Check endpoint and credentials before mounting: one quick attempt and one retry.
         var checkConfiguration = storeConfiguration
@@ -172,6 +181,7 @@ enum MountCommand {
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
         let cacheDirectory = cacheDirectory(options, env)
+        if let problem = unsafeSharedDirectory(cacheDirectory, options, env) { return fail(problem, ExitStatus.usage) }
         fsConfiguration.blockCache = BlockCache.open(
             path: cacheDirectory + "/blocks.db", capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory),
             blockSize: options.cacheBlockKiB << 10, logger: logger)
@@ -287,6 +297,22 @@ enum MountCommand {
         if let xdg = env["XDG_CACHE_HOME"], !xdg.isEmpty { return xdg + "/csspfs" }
         if let home = env["HOME"], !home.isEmpty { return home + "/.cache/csspfs" }
         return "/tmp/csspfs-\(getuid())"
+    }
+
+    /// The last resort cache directory, `/tmp/csspfs-UID`, is a name anyone can make first: it is
+    /// used only when it is ours, not a link, and closed to others (it is made so when missing).
+    static func unsafeSharedDirectory(_ directory: String, _ options: MountOptions, _ env: [String: String]) -> String? {
+        guard options.cacheDirectory == nil, directory.hasPrefix("/tmp/") else { return nil }
+        if mkdir(directory, 0o700) != 0 && errno != EEXIST {
+            return "cannot make \(directory): \(String(cString: strerror(errno))); set HOME or -o cache_dir=DIR"
+        }
+        var st = stat()
+        guard lstat(directory, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR, st.st_uid == getuid(), st.st_mode & 0o077 == 0
+        else {
+            return "\(directory) is not a private directory of this user (another user may have made it): "
+                + "set HOME or XDG_CACHE_HOME, or use -o cache_dir=DIR"
+        }
+        return nil
     }
 
     /// One spool per mounted URL, so two mounts never share a spool (a readable, stable name).

@@ -1,8 +1,14 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Everything `mount.cssp` was asked to do, parsed from its arguments.
 public struct MountOptions: Sendable, Equatable {
     public var endpoint: Endpoint
     public var mountpoint: String
     public var foreground = false
+    /// `mount -f` (fake): everything is checked, nothing is mounted.
+    public var fake = false
     public var debug = false
     public var verbose = false
     public var passwdFile: String? = nil
@@ -69,10 +75,16 @@ public enum Arguments {
         "strictatime", "nodiratime", "diratime", "lazytime", "nolazytime", "sync", "async", "dirsync",
     ]
 
-    public static func parse(_ arguments: [String]) throws(ConfigurationError) -> Command {
+    /// `calledByMount`: mount(8) runs us (it passes `-f` meaning *fake*, not foreground).
+    /// `directory`: what relative paths are resolved against (the current directory; the
+    /// daemon's becomes `/` once it detaches).
+    public static func parse(_ arguments: [String], calledByMount: Bool = false, directory: String = currentDirectory())
+        throws(ConfigurationError) -> Command
+    {
         var positionals: [String] = []
         var optionLists: [String] = []
         var foreground = false
+        var fake = false
         var debug = false
         var verbose = false
         var index = 0
@@ -82,7 +94,7 @@ public enum Arguments {
             switch argument {
             case "-h", "--help": return .help
             case "-V", "--version": return .version
-            case "-f": foreground = true
+            case "-f": if calledByMount { fake = true } else { foreground = true }
             case "-d": debug = true; foreground = true
             case "-s", "-n": break  // mount(8): sloppy, no mtab; nothing to do.
             case "-v": verbose = true
@@ -108,14 +120,51 @@ public enum Arguments {
         }
         var options = MountOptions(endpoint: try Endpoint(parsing: positionals[0]), mountpoint: positionals[1])
         options.foreground = foreground
+        options.fake = fake
         options.debug = debug
         options.verbose = verbose
         for list in optionLists {
-            for option in list.split(separator: ",") where !option.isEmpty {
-                try apply(String(option), to: &options)
+            for option in splitOptions(list) where !option.isEmpty {
+                try apply(option, to: &options)
             }
         }
+        func resolved(_ path: String) -> String { path.hasPrefix("/") ? path : directory + "/" + path }
+        options.mountpoint = resolved(options.mountpoint)
+        options.cacheDirectory = options.cacheDirectory.map(resolved)
+        options.passwdFile = options.passwdFile.map(resolved)
+        options.caFile = options.caFile.map(resolved)
+        options.caPath = options.caPath.map(resolved)
         return .mount(options)
+    }
+
+    /// The process's current directory.
+    public static func currentDirectory() -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        guard getcwd(&buffer, buffer.count) != nil else { return "/" }
+        return String(cString: buffer)
+    }
+
+    /// Splits an option list at commas; `\,` is a comma inside a value (a path), `\\` a backslash.
+    static func splitOptions(_ list: String) -> [String] {
+        var options: [String] = []
+        var current = ""
+        var escaped = false
+        for character in list {
+            if escaped {
+                current.append(character)
+                escaped = false
+            } else if character == "\\" {
+                escaped = true
+            } else if character == "," {
+                options.append(current)
+                current = ""
+            } else {
+                current.append(character)
+            }
+        }
+        if escaped { current.append("\\") }
+        options.append(current)
+        return options
     }
 
     static func apply(_ option: String, to options: inout MountOptions) throws(ConfigurationError) {
@@ -218,13 +267,14 @@ public enum Arguments {
         Mounts the CSSP container at URL (http(s)://HOST[:PORT]/CONTAINER[/PREFIX]) on MOUNTPOINT.
 
         flags:
-          -f                     stay in the foreground (log to stderr)
+          -f                     stay in the foreground (log to stderr); when mount(8) runs
+                                 mount.cssp, its "fake": check everything, mount nothing
           -d                     log every FUSE operation; implies -f
           -s, -n                 accepted for mount(8), ignored
           -v                     log mounts and unmounts (info level)
           -h, --help             this text;  -V, --version  the version
 
-        options (-o):
+        options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
           ro                     read-only mount (writes fail with EROFS)
           allow_other            let other users access the mount (needs user_allow_other for non-root)

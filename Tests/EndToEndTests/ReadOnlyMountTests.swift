@@ -150,6 +150,39 @@ struct MountFailureTests {
         return path
     }
 
+    /// Without HOME a user's cache is `/tmp/csspfs-UID`, a name anyone can make first: one
+    /// another user made (or open to others) is refused; a missing one is made private.
+    @Test func aCacheDirectoryInTmpMustBeTheUsersOwn() throws {
+        let fixture = try Fixture.get()
+        let uid = 64_999
+        let cache = "/tmp/csspfs-\(uid)"
+        try? FileManager.default.removeItem(atPath: cache)
+        try FileManager.default.createDirectory(atPath: cache, withIntermediateDirectories: false)  // root's, 0755
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        let mountpoint = NSTemporaryDirectory() + "cssp-e2e-fail-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: mountpoint, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: mountpoint) }
+        // The credentials travel in the environment, never on a command line.
+        let environment = [
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CSSP_ACCESS_KEY_ID": fixture.environment.accessKey,
+            "CSSP_SECRET_ACCESS_KEY": fixture.environment.secret,
+        ]
+        let command =
+            "setpriv --reuid=\(uid) --regid=\(uid) --clear-groups \(quoted(fixture.environment.binary)) "
+            + "\(quoted(fixture.environment.serverURL + "/" + fixture.container)) \(quoted(mountpoint))"
+        let refused = try shell(command, environment: environment)
+        #expect(refused.status == 1, "\(refused.status) \(refused.stderr)")
+        #expect(refused.stderr.contains("not a private directory"), "\(refused.stderr)")
+        #expect(!isMounted(mountpoint))
+
+        try FileManager.default.removeItem(atPath: cache)
+        let made = try shell(command, environment: environment)
+        if isMounted(mountpoint) { _ = try shell("umount \(quoted(mountpoint))") }
+        var st = stat()
+        #expect(lstat(cache, &st) == 0, "\(made.stderr)")
+        #expect(st.st_uid == uid && st.st_mode & 0o777 == 0o700, "owner \(st.st_uid), mode \(String(st.st_mode & 0o777, radix: 8))")
+    }
+
     @Test func wrongSecretIsAnAuthenticationError() throws {
         let fixture = try Fixture.get()
         let file = try passwdFile("\(fixture.environment.accessKey):not-the-secret\n")

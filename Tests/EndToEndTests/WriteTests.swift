@@ -397,6 +397,12 @@ struct MountHelperTests {
             #expect(try shell("umount \(quoted(directory))").status == 0)
             #expect(!isMounted(directory))
 
+            // mount -f (fake) checks everything and mounts nothing.
+            let fake = try shell(
+                "env -i /bin/mount -f -t cssp \(url) \(quoted(directory)) -o passwd_file=\(quoted(env.passwdFile))")
+            #expect(fake.status == 0, "\(fake.stderr)")
+            #expect(!isMounted(directory), "mount -f mounted")
+
             // A failing mount is a failing mount(8).
             let bad = try shell("env -i /bin/mount -t cssp \(env.serverURL)/no-such-container \(quoted(directory)) -o passwd_file=\(quoted(env.passwdFile))")
             #expect(bad.status != 0)

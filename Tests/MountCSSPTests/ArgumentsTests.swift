@@ -43,6 +43,34 @@ struct ArgumentsTests {
         #expect(try options(["http://h/c", "/m", "-o", "meta_prefetch=0"]).metadataPrefetch == 0)
     }
 
+    /// Relative paths are the caller's: the daemon's directory becomes `/` once it detaches.
+    @Test func relativePathsAreResolvedAgainstTheCurrentDirectory() throws {
+        guard case .mount(let o) = try Arguments.parse(
+            ["http://h/c", "m", "-o", "cache_dir=c,passwd_file=../p,cafile=/etc/ca.pem"], directory: "/home/u")
+        else { throw ConfigurationError("not a mount command") }
+        #expect(o.mountpoint == "/home/u/m")
+        #expect(o.cacheDirectory == "/home/u/c")
+        #expect(o.passwdFile == "/home/u/../p")
+        #expect(o.caFile == "/etc/ca.pem")
+    }
+
+    /// `\,` is a comma inside a value; `\\` a backslash.
+    @Test func commasInPathsCanBeEscaped() throws {
+        let o = try options(["http://h/c", "/m", "-o", #"cache_dir=/var/cache/a\,b,ro,passwd_file=/etc/p\\q"#])
+        #expect(o.cacheDirectory == "/var/cache/a,b")
+        #expect(o.readOnly)
+        #expect(o.passwdFile == #"/etc/p\q"#)
+    }
+
+    /// mount(8) passes `-f` for `mount -f` (fake); run by hand, `-f` stays foreground.
+    @Test func dashFIsFakeWhenMountRunsUs() throws {
+        guard case .mount(let byMount) = try Arguments.parse(["http://h/c", "/m", "-f"], calledByMount: true),
+            case .mount(let byHand) = try Arguments.parse(["http://h/c", "/m", "-f"])
+        else { throw ConfigurationError("not a mount command") }
+        #expect(byMount.fake && !byMount.foreground)
+        #expect(byHand.foreground && !byHand.fake)
+    }
+
     @Test func helpAndVersion() throws {
         #expect(try Arguments.parse(["--help"]) == .help)
         #expect(try Arguments.parse(["http://h/c", "-V"]) == .version)
