@@ -88,6 +88,22 @@ enum MountCommand {
         let logger = Logger(label: "mount.cssp")
 
         var st = stat()
+        if stat(options.mountpoint, &st) != 0 && errno == ENOTCONN {
+            // A daemon that died (kill -9, the OOM killer) leaves its mount behind, dead. A dead
+            // csspfs mount is detached and mounted again, as an operator would; its owed uploads
+            // are in the spool, and this mount stores them.
+            guard isCSSPMount(options.mountpoint, resolvingLast: false) else {
+                return fail(
+                    "\(options.mountpoint) is a dead mount of another filesystem: unmount it first (fusermount3 -uz \(options.mountpoint))",
+                    ExitStatus.usage)
+            }
+            guard detachDeadMount(options.mountpoint) else {
+                return fail(
+                    "\(options.mountpoint) is a dead csspfs mount that cannot be detached: run fusermount3 -uz \(options.mountpoint)",
+                    ExitStatus.mountFailure)
+            }
+            logger.notice("\(options.mountpoint) was a dead csspfs mount (its daemon is gone): detached, mounting again")
+        }
         guard stat(options.mountpoint, &st) == 0 else {
             return fail(
                 "mountpoint \(options.mountpoint) does not exist: create it with mkdir -p \(options.mountpoint)",
@@ -275,13 +291,39 @@ enum MountCommand {
         _ = value.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
     }
 
+    /// Detaches a dead mount (`umount -l` as root, `fusermount3 -uz` otherwise).
+    static func detachDeadMount(_ path: String) -> Bool {
+        if getuid() == 0 { return umount2(path, Int32(MNT_DETACH)) == 0 }
+        var pid: pid_t = 0
+        let argv = ["fusermount3", "-u", "-z", path]
+        var cArgv: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+        defer { for p in cArgv { free(p) } }
+        guard posix_spawnp(&pid, "fusermount3", nil, nil, &cArgv, environ) == 0 else { return false }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        return status == 0
+    }
+
     /// Whether /proc/mounts lists a csspfs mount on `path` (stacking a second one hides the first).
-    static func isCSSPMount(_ path: String) -> Bool {
+    /// `resolvingLast` false: only the parent is resolved (a dead mount cannot be looked at).
+    static func isCSSPMount(_ path: String, resolvingLast: Bool = true) -> Bool {
         var resolved = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        guard realpath(path, &resolved) != nil, let file = fopen("/proc/mounts", "r") else { return false }
+        var target: String
+        if resolvingLast {
+            guard realpath(path, &resolved) != nil else { return false }
+            target = String(cString: resolved)
+        } else {
+            var trimmed = Substring(path)
+            while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed = trimmed.dropLast() }
+            guard let slash = trimmed.lastIndex(of: "/") else { return false }
+            let parent = slash == trimmed.startIndex ? "/" : String(trimmed[..<slash])
+            guard realpath(parent, &resolved) != nil else { return false }
+            let base = String(cString: resolved)
+            target = (base == "/" ? "" : base) + "/" + trimmed[trimmed.index(after: slash)...]
+        }
+        guard let file = fopen("/proc/mounts", "r") else { return false }
         defer { fclose(file) }
-        let target = String(cString: resolved).split(separator: " ", omittingEmptySubsequences: false)
-            .joined(separator: "\\040")
+        target = target.split(separator: " ", omittingEmptySubsequences: false).joined(separator: "\\040")
         var line = [CChar](repeating: 0, count: 8192)
         while fgets(&line, Int32(line.count), file) != nil {
             let fields = String(cString: line).split(separator: " ")

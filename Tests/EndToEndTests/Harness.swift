@@ -93,15 +93,16 @@ final class Mount {
     private let stderrPath: String
     private var exitStatus: Int32? = nil
 
-    /// `url`: the server's URL when not the environment's (a TLS relay in front of it).
+    /// `url`: the server's URL when not the environment's (a TLS relay in front of it). `at`: an
+    /// existing mountpoint (another `Mount`'s), instead of a new one.
     init(
         _ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:],
-        url: String? = nil
+        url: String? = nil, at existing: String? = nil
     ) throws {
         let id = UUID().uuidString.prefix(8)
-        directory = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id
+        directory = existing ?? NSTemporaryDirectory() + "cssp-e2e-mnt-" + id
         stderrPath = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id + ".stderr"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        if existing == nil { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
         let errorFD = open(stderrPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         let nullFD = open("/dev/null", O_WRONLY | O_CLOEXEC)
         defer {
@@ -117,7 +118,9 @@ final class Mount {
             stderr: errorFD)
         // Poll for the mount; the daemon exiting first is a failure, reported with its stderr.
         let deadline = Date().addingTimeInterval(20)
-        while !isMounted(directory) {
+        // Mounted and answering (a dead mount left by a killed daemon is listed but answers ENOTCONN).
+        var st = stat()
+        while !isMounted(directory) || stat(directory, &st) != 0 {
             if let status = child.poll() {
                 exitStatus = status
                 throw HarnessError("mount.cssp exited with \(status): \(stderrText)")

@@ -32,6 +32,41 @@ struct WriteTests {
         }
 
         func cleanUp() { try? FileManager.default.removeItem(atPath: cache) }
+
+        /// Makes the server refuse every PUT into this container (its fault file) until the
+        /// returned file is removed.
+        func refusePuts() throws -> String {
+            guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+                throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+            }
+            try "PUT 503 /\(container)/\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            return faultFile
+        }
+
+        /// The object at `key` once the server has it (a background upload stores it), polled for
+        /// at most `seconds`; nil if it never came.
+        func waitForObject(_ key: String, seconds: Double) -> [UInt8]? {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if let bytes = try? store.raw.getBytes(key: key, range: nil) { return bytes }
+                usleep(200_000)
+            }
+            return nil
+        }
+
+        /// Writes `text` to `path` and closes it: "close failed: ERRNO" or "close succeeded".
+        func writeAndClose(_ path: String, _ text: String) throws -> Output {
+            let writer = """
+                import sys
+                f = open(sys.argv[1], "w"); f.write(sys.argv[2])
+                try:
+                    f.close()
+                except OSError as e:
+                    print("close failed:", e.errno); sys.exit(0)
+                print("close succeeded")
+                """
+            return try shell("/usr/bin/python3 -c \(quoted(writer)) \(quoted(path)) \(quoted(text))")
+        }
     }
 
     /// A tree of a few hundred files from 0 B to a few MiB, empty dirs, symlinks, unicode names, modes.
@@ -210,34 +245,17 @@ struct WriteTests {
     @Test func failedUploadIsAnErrorAtCloseAndTheBytesAreStoredLater() throws {
         let scene = try Scene("fault")
         defer { scene.cleanUp() }
-        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
-            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
-        }
         let mount = try scene.mount(["retries=1"])
-        try "PUT 503 /\(scene.container)/\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        let faultFile = try scene.refusePuts()
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
-        let writer = """
-            import sys
-            f = open(sys.argv[1], "w"); f.write("precious data\\n")
-            try:
-                f.close()
-            except OSError as e:
-                print("close failed:", e.errno); sys.exit(0)
-            print("close succeeded"); sys.exit(1)
-            """
-        let wrote = try shell("/usr/bin/python3 -c \(quoted(writer)) \(quoted(mount.path("precious.txt")))")
+        let wrote = try scene.writeAndClose(mount.path("precious.txt"), "precious data\n")
         #expect(wrote.stdout == "close failed: 5\n", "\(wrote.stdout) \(wrote.stderr)")
         #expect(try scene.spoolFiles().count == 1)
         // The bytes are still readable through the mount while they wait.
         #expect(try shell("cat \(quoted(mount.path("precious.txt")))").stdout == "precious data\n")
         try FileManager.default.removeItem(atPath: faultFile)
         // The background retry stores them: wait for that (bounded), then check the server's copy.
-        var stored: [UInt8]? = nil
-        let deadline = Date().addingTimeInterval(90)
-        while stored == nil && Date() < deadline {
-            stored = try? scene.store.raw.getBytes(key: "precious.txt", range: nil)
-            if stored == nil { usleep(200_000) }
-        }
+        let stored = scene.waitForObject("precious.txt", seconds: 90)
         #expect(stored.map { String(decoding: $0, as: UTF8.self) } == "precious data\n")
         let spoolDeadline = Date().addingTimeInterval(10)
         while try !scene.spoolFiles().isEmpty && Date() < spoolDeadline { usleep(100_000) }
@@ -280,6 +298,33 @@ struct WriteTests {
         #expect(String(decoding: stored, as: UTF8.self) == "the previous version\n", "\(stored.count) bytes stored")
         let kept = try shell("find \(quoted(scene.cache)) -path '*lost+found*' -type f")
         #expect(kept.stdout.split(separator: "\n").count == 1, "\(kept.stdout)")
+    }
+
+    /// Hostile-network issue, items 1 and 9: close returned EIO (the store refused the upload) and
+    /// the daemon is killed at once (kill -9: the OOM killer, a power cut). The journal note was
+    /// written before close returned, so the next mount stores the bytes; it is made on the dead
+    /// mountpoint itself ("Transport endpoint is not connected"), which it detaches first.
+    @Test func theBytesOfAFailedCloseSurviveKillNine() throws {
+        let scene = try Scene("kill")
+        defer { scene.cleanUp() }
+        let first = try scene.mount(["retries=1"])
+        let faultFile = try scene.refusePuts()
+        defer { try? FileManager.default.removeItem(atPath: faultFile) }
+        let wrote = try scene.writeAndClose(first.path("crash.txt"), "written before a crash\n")
+        #expect(wrote.stdout == "close failed: 5\n", "\(wrote.stdout) \(wrote.stderr)")
+        kill(first.child.pid, SIGKILL)
+        _ = first.waitForExit()
+        try FileManager.default.removeItem(atPath: faultFile)
+        var st = stat()
+        #expect(stat(first.directory, &st) != 0 && errno == ENOTCONN, "the mountpoint is not dead")
+        try withExtendedLifetime(first) {
+            let second = try Mount(
+                scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache], at: first.directory)
+            let stored = scene.waitForObject("crash.txt", seconds: 60)
+            #expect(stored.map { String(decoding: $0, as: UTF8.self) } == "written before a crash\n", "\(second.stderrText)")
+            #expect(second.stderrText.contains("dead csspfs mount"), "\(second.stderrText)")
+            #expect(try second.unmount() == 0)
+        }
     }
 
     @Test func namespaceOperationsFollowPOSIX() throws {
