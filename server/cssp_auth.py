@@ -52,9 +52,15 @@ import email.utils
 import hmac
 import hashlib
 import os
+import random
 import threading
 import time
 from urllib.parse import quote
+
+try:
+    from eventlet import sleep as green_sleep
+except ImportError:  # the unit tests run without eventlet
+    green_sleep = time.sleep
 from xml.sax.saxutils import escape
 
 from swift.common.swob import (RESPONSE_REASONS, HTTPForbidden, Request,
@@ -129,30 +135,75 @@ class FileWatcher(object):
 
 
 class FaultRule(object):
-    __slots__ = ('method', 'status', 'times', 'path_part')
+    __slots__ = ('method', 'status', 'times', 'path_part', 'retry_after',
+                 'reset_after', 'stall', 'stall_after', 'drip', 'probability')
 
-    def __init__(self, method, status, times, path_part):
+    def __init__(self, method, status, times, path_part, retry_after=None,
+                 reset_after=None, stall=None, stall_after=None, drip=None,
+                 probability=None):
         self.method = method
         self.status = status
         self.times = times
         self.path_part = path_part
+        self.retry_after = retry_after
+        self.reset_after = reset_after
+        self.stall = stall
+        self.stall_after = stall_after
+        self.drip = drip
+        self.probability = probability
 
     def matches(self, method, path):
         return ((self.method == '*' or self.method == method)
                 and self.path_part in path)
 
 
+# The network faults of a rule in the key=value form (see parse_faults).
+FAULT_KEYS = {
+    'status': int, 'retry-after': int, 'times': int, 'reset-after': int,
+    'stall': float, 'stall-after': int, 'drip': float, 'probability': float,
+}
+
+
+def parse_fault_action(text, number):
+    """``STATUS[xN]``, or ``key=value,...`` (see parse_faults)."""
+    if '=' not in text:
+        status, _, times = text.partition('x')
+        return {'status': int(status), 'times': int(times) if times else None}
+    action = {}
+    for item in text.split(','):
+        key, _, value = item.partition('=')
+        if key not in FAULT_KEYS or not value:
+            raise ValueError('line %d: unknown fault %r' % (number, item))
+        action[key] = FAULT_KEYS[key](value)
+    if ('status' in action) == any(k in action for k in (
+            'reset-after', 'stall', 'drip')):
+        raise ValueError('line %d: a fault is a status, or network faults '
+                         '(reset-after, stall, drip)' % number)
+    if 'stall-after' in action and 'stall' not in action:
+        raise ValueError('line %d: stall-after needs stall' % number)
+    return action
+
+
 def parse_faults(text):
     """Parse a fault file.
 
-    Each non-comment line is ``METHOD STATUS [path-substring]``: a request with
+    Each non-comment line is ``METHOD ACTION [path-substring]``: a request with
     that method (``*`` = any) whose decoded path contains the substring (which
-    may contain spaces; absent = every path) fails with STATUS after a
-    successful authentication. ``STATUSxN`` (e.g. ``503x2``) fails only the
-    first N matching requests after the file was last written (as seen by its
-    mtime, size and inode; mtimes are coarse, so a rewrite with the same size
-    within a few ms may not reset the count), which lets a test check that a
-    client retries. The first matching line wins.
+    may contain spaces; absent = every path) gets the fault, after a successful
+    authentication. The first matching line wins. ACTION is ``STATUS[xN]``, or
+    comma-separated ``key=value`` items:
+
+    - ``status=CODE``: fail with CODE; ``retry-after=S`` adds that header;
+    - ``reset-after=BYTES``: pass the request on, and cut the connection after
+      BYTES bytes of the answer's body (a reset or truncated body);
+    - ``stall=SECONDS``: wait that long before the answer (before its head), or
+      with ``stall-after=BYTES`` after BYTES bytes of its body;
+    - ``drip=SECONDS``: send the body one byte every SECONDS;
+    - ``times=N`` (``xN`` in the short form): only the first N matching requests
+      after the file was last written (as seen by its mtime, size and inode;
+      mtimes are coarse, so a rewrite with the same size within a few ms may not
+      reset the count), which lets a test check that a client retries;
+    - ``probability=P``: each matching request with probability P.
     """
     rules = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -161,20 +212,26 @@ def parse_faults(text):
             continue
         fields = line.split(None, 2)
         if len(fields) < 2:
-            raise ValueError('line %d: expected METHOD STATUS [path-substring]'
+            raise ValueError('line %d: expected METHOD ACTION [path-substring]'
                              % number)
-        status, _, times = fields[1].partition('x')
-        status = int(status)
-        times = int(times) if times else None
-        if not 100 <= status <= 599 or (times is not None and times < 0):
-            raise ValueError('line %d: bad status %r' % (number, fields[1]))
+        action = parse_fault_action(fields[1], number)
+        status = action.get('status')
+        times = action.get('times')
+        if ((status is not None and not 100 <= status <= 599)
+                or (times is not None and times < 0)):
+            raise ValueError('line %d: bad fault %r' % (number, fields[1]))
         path_part = fields[2] if len(fields) == 3 else ''
-        rules.append(FaultRule(fields[0].upper(), status, times, path_part))
+        rules.append(FaultRule(
+            fields[0].upper(), status, times, path_part,
+            retry_after=action.get('retry-after'),
+            reset_after=action.get('reset-after'), stall=action.get('stall'),
+            stall_after=action.get('stall-after'), drip=action.get('drip'),
+            probability=action.get('probability')))
     return rules
 
 
 class FaultRules(object):
-    """The fault_file test hook, with per-rule use counts for ``STATUSxN``."""
+    """The fault_file test hook, with per-rule use counts for ``times``."""
 
     def __init__(self, path):
         self.path = path
@@ -185,13 +242,16 @@ class FaultRules(object):
         self._counts = {}
 
     def match(self, method, path):
-        """Returns the status to inject for this request, or None."""
+        """Returns the rule to apply to this request, or None."""
         stamp, rules = self._watcher.get()
         for index, rule in enumerate(rules):
             if not rule.matches(method, path):
                 continue
+            if (rule.probability is not None
+                    and random.random() >= rule.probability):
+                return None
             if rule.times is None:
-                return rule.status
+                return rule
             with self._lock:
                 if stamp != self._counts_stamp:
                     self._counts_stamp = stamp
@@ -200,8 +260,47 @@ class FaultRules(object):
                 if used >= rule.times:
                     continue
                 self._counts[index] = used + 1
-            return rule.status
+            return rule
         return None
+
+
+class InjectedReset(Exception):
+    """Raised inside an answer's body: the server closes the connection."""
+
+
+def faulty_body(app_iter, rule, sleep):
+    """The answer's body, with the rule's network faults applied."""
+    try:
+        if rule.stall is not None and rule.stall_after is None:
+            sleep(rule.stall)
+        sent = 0
+        stalled = False
+        for chunk in app_iter:
+            while chunk:
+                piece = chunk
+                if rule.drip is not None:
+                    piece = chunk[:1]
+                if rule.reset_after is not None:
+                    piece = piece[:max(0, rule.reset_after - sent)]
+                if (rule.stall_after is not None and not stalled
+                        and sent + len(piece) > rule.stall_after):
+                    piece = piece[:max(0, rule.stall_after - sent)]
+                if piece:
+                    yield piece
+                    sent += len(piece)
+                    chunk = chunk[len(piece):]
+                if rule.reset_after is not None and sent >= rule.reset_after:
+                    raise InjectedReset('reset after %d bytes' % sent)
+                if (rule.stall_after is not None and not stalled
+                        and sent >= rule.stall_after):
+                    stalled = True
+                    sleep(rule.stall)
+                if rule.drip is not None and chunk:
+                    sleep(rule.drip)
+    finally:
+        close = getattr(app_iter, 'close', None)
+        if close is not None:
+            close()
 
 
 def request_headers(env):
@@ -290,7 +389,7 @@ def format_http_date(timestamp):
 class CsspAuth(object):
     """The WSGI middleware. See the module comment."""
 
-    def __init__(self, app, conf, clock=time.time, logger=None):
+    def __init__(self, app, conf, clock=time.time, logger=None, sleep=None):
         self.app = app
         self.logger = logger or get_logger(conf, log_route='cssp_auth')
         keys_file = conf.get('keys_file')
@@ -305,6 +404,8 @@ class CsspAuth(object):
         self.pass_other_auth = config_true_value(
             conf.get('pass_other_auth', False))
         self.clock = clock
+        # The proxy serves requests in green threads: time.sleep would stop them all.
+        self.sleep = sleep or green_sleep
 
     def __call__(self, env, start_response):
         if self.pass_other_auth and other_credentials(env):
@@ -321,23 +422,31 @@ class CsspAuth(object):
                 'Requests must name a container: /<container>[/<key>].'))(
                     env, start_response)
 
+        faults = None
         if self.faults is not None:
             try:
-                status = self.faults.match(
+                rule = self.faults.match(
                     env['REQUEST_METHOD'],
                     path.encode('latin-1').decode('utf-8', 'replace'))
             except (OSError, ValueError) as e:
                 self.logger.error('cssp_auth: ignoring fault_file %s: %s',
                                   self.faults.path, e)
-                status = None
-            if status is not None:
-                self.logger.info('cssp_auth: injecting %d for %s %s', status,
+                rule = None
+            if rule is not None and rule.status is not None:
+                self.logger.info('cssp_auth: injecting %d for %s %s',
+                                 rule.status, env['REQUEST_METHOD'],
+                                 quote(path.encode('latin-1')))
+                response = self._error_response(env, ErrorResponse(
+                    rule.status, 'InjectedFault',
+                    'Fault injected by the test server (fault_file).'))
+                if rule.retry_after is not None:
+                    response.headers['Retry-After'] = str(rule.retry_after)
+                return response(env, start_response)
+            if rule is not None:
+                self.logger.info('cssp_auth: injecting network faults for %s %s',
                                  env['REQUEST_METHOD'],
                                  quote(path.encode('latin-1')))
-                return self._error_response(env, ErrorResponse(
-                    status, 'InjectedFault',
-                    'Fault injected by the test server (fault_file).'))(
-                        env, start_response)
+                faults = rule
 
         new_path = '/v1/%s%s%s' % (ACCOUNT_PREFIX, credential.account, path)
         env['PATH_INFO'] = new_path
@@ -348,6 +457,8 @@ class CsspAuth(object):
         env['swift.authorize_override'] = True
         env['swift_owner'] = True
         env.pop('HTTP_AUTHORIZATION', None)
+        if faults is not None:
+            return faulty_body(self.app(env, start_response), faults, self.sleep)
         return self.app(env, start_response)
 
     def _authenticate(self, env):

@@ -57,9 +57,11 @@ class FakeApp(object):
     def __init__(self):
         self.calls = []
 
+    body = b'inner'
+
     def __call__(self, env, start_response):
         self.calls.append(dict(env))
-        return Response(status=200, body=b'inner')(env, start_response)
+        return Response(status=200, body=self.body)(env, start_response)
 
 
 class RecordingLogger(object):
@@ -450,6 +452,79 @@ class FaultTests(CsspAuthTestCase):
         self.assertEqual(resp.status_int, 200)
         self.assertTrue(any('fault_file' in line
                             for line in self.logger.lines))
+
+
+class NetworkFaultTests(CsspAuthTestCase):
+    """The key=value faults: what a real network does to an answer."""
+
+    def setUp(self):
+        super().setUp()
+        self.sleeps = []
+        self.middleware.sleep = self.sleeps.append
+        self.app.body = b'0123456789'
+
+    def write_faults(self, text):
+        with open(self.fault_file, 'w') as f:
+            f.write(text)
+
+    def body_of(self, method='GET', path='/c/k'):
+        """Runs a request through the middleware; returns (status, body bytes
+        delivered, the exception that cut the body or None)."""
+        sts = (method.encode() + b'\n\n\n' + DATE.encode() + b'\n'
+               + path.encode('utf-8'))
+        req = Request.blank(path, environ={'REQUEST_METHOD': method},
+                            headers=self.signed_headers(sts))
+        status = []
+        body = b''
+        try:
+            for piece in self.middleware(
+                    req.environ, lambda s, h, e=None: status.append(s)):
+                body += piece
+        except cssp_auth.InjectedReset as reset:
+            return status[0], body, reset
+        return status[0], body, None
+
+    def test_status_with_retry_after(self):
+        self.write_faults('GET status=429,retry-after=2,times=1 /k\n')
+        sts = b'GET\n\n\n' + DATE.encode() + b'\n/c/k'
+        resp, _ = self.request('GET', '/c/k', self.signed_headers(sts))
+        self.assertEqual(resp.status_int, 429)
+        self.assertEqual(resp.headers['Retry-After'], '2')
+        resp, _ = self.request('GET', '/c/k', self.signed_headers(sts))
+        self.assertEqual(resp.status_int, 200)
+
+    def test_reset_after_cuts_the_body(self):
+        self.write_faults('GET reset-after=4\n')
+        status, body, reset = self.body_of()
+        self.assertTrue(status.startswith('200'))
+        self.assertEqual(body, b'0123')
+        self.assertIsNotNone(reset)
+
+    def test_stall_before_the_head_and_after_bytes(self):
+        self.write_faults('GET stall=3\n')
+        self.assertEqual(self.body_of()[1], b'0123456789')
+        self.assertEqual(self.sleeps, [3.0])
+        self.sleeps.clear()
+        self.write_faults('GET stall=2,stall-after=6  \n')
+        self.assertEqual(self.body_of()[1], b'0123456789')
+        self.assertEqual(self.sleeps, [2.0])
+
+    def test_drip_sends_one_byte_at_a_time(self):
+        self.write_faults('GET drip=0.5\n')
+        self.assertEqual(self.body_of()[1], b'0123456789')
+        self.assertEqual(self.sleeps, [0.5] * 9)
+
+    def test_probability_zero_never_and_one_always(self):
+        self.write_faults('GET status=503,probability=0\n')
+        self.assertTrue(self.body_of()[0].startswith('200'))
+        self.write_faults('GET status=503,probability=1.0\n')
+        self.assertTrue(self.body_of()[0].startswith('503'))
+
+    def test_bad_forms_are_refused(self):
+        for line in ('GET stall-after=3', 'GET status=503,drip=1',
+                     'GET bogus=1', 'GET reset-after=', 'GET status=999'):
+            with self.assertRaises(ValueError, msg=line):
+                cssp_auth.parse_faults(line)
 
 
 class PassOtherAuthTests(CsspAuthTestCase):
