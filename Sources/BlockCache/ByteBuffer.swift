@@ -4,11 +4,18 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
     private let storage: UnsafeMutableRawBufferPointer
     public private(set) var count = 0
 
-    public init(capacity: Int) {
+    /// Called once the buffer is freed (a memory budget gives its bytes back).
+    private let onFree: (@Sendable () -> Void)?
+
+    public init(capacity: Int, onFree: (@Sendable () -> Void)? = nil) {
         storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 1), alignment: 16)
+        self.onFree = onFree
     }
 
-    deinit { storage.deallocate() }
+    deinit {
+        storage.deallocate()
+        onFree?()
+    }
 
     public var capacity: Int { storage.count }
 

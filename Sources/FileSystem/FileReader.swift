@@ -42,6 +42,8 @@ final class FileReader: Sendable {
     /// What a random read fetches around a missing block (`neighbours`).
     private let groupSize: Int64
     private let maximumWindow: Int64
+    /// Shared by every reader of the mount (see `MemoryBudget`).
+    private let budget: MemoryBudget
     /// Kernel page-cache stores queued or running, process-wide.
     private static let kernelStores = Atomic<Int>(0)
     /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
@@ -65,8 +67,10 @@ final class FileReader: Sendable {
     init(
         store: any ObjectStore, pool: BackgroundPool, key: String, size: Int64, etag: String, manifest: String?,
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
+        budget: MemoryBudget = MemoryBudget(limit: .max),
         kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
     ) {
+        self.budget = budget
         self.kernel = kernel
         self.store = store
         self.pool = pool
@@ -225,16 +229,24 @@ final class FileReader: Sendable {
         guard !candidates.isEmpty else { return }
         let uncached = cache.map { cache in candidates.filter { !cache.contains(cacheObject, block: $0) } } ?? candidates
         let runs: [[Block]] = state.withLock { s in
-            Self.runs(uncached.filter { s.blocks[$0] == nil }, longest: Int(fetchSize / blockSize)).map { run in
-                run.map { index in
+            var runs: [[Block]] = []
+            for run in Self.runs(uncached.filter { s.blocks[$0] == nil }, longest: Int(fetchSize / blockSize)) {
+                // The budget is spent: read-ahead stops here, and a later read starts it again.
+                guard budget.tryReserve(Int64(run.count) * blockSize) else {
+                    s.aheadEnd = min(s.aheadEnd, run.first!)
+                    break
+                }
+                runs.append(run.map { index in
                     let block = Block(index: index)
                     s.blocks[index] = block
                     return block
-                }
+                })
             }
+            return runs
         }
         for run in runs {
-            pool.submitOrRun { self.load(run) }
+            let reserved = Int64(run.count) * blockSize
+            pool.submitOrRun { self.load(run, reserved: reserved) }
         }
     }
 
@@ -271,17 +283,18 @@ final class FileReader: Sendable {
     }
 
     private func readDirect(offset: Int64, end: Int64, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
-        let (bytes, _) = try fetch(ByteRange(lower: offset, upper: end - 1))
+        let (bytes, _) = try fetch(ByteRange(lower: offset, upper: end - 1), reserved: nil)
         bytes.withBytes(0..<bytes.count, reply)
     }
 
     /// Fetches consecutive blocks with one GET, finishes them, and offers them to the cache.
-    private func load(_ run: [Block], waitForCache: Bool = false) {
+    /// `reserved`: bytes of the budget read-ahead took for it (else the fetch takes its own).
+    private func load(_ run: [Block], waitForCache: Bool = false, reserved: Int64? = nil) {
         guard let head = run.first, let tail = run.last else { return }
         let lower = head.index * blockSize
         let upper = min(size, (tail.index + 1) * blockSize) - 1
         do throws(FSError) {
-            let (buffer, versionChecked) = try fetch(ByteRange(lower: lower, upper: upper))
+            let (buffer, versionChecked) = try fetch(ByteRange(lower: lower, upper: upper), reserved: reserved)
             for block in run {
                 let start = Int((block.index - head.index) * blockSize)
                 let range = start..<min(buffer.count, start + Int(blockSize))
@@ -312,8 +325,12 @@ final class FileReader: Sendable {
     }
 
     /// The bytes of `range`, and whether the response proved they belong to `etag`.
-    private func fetch(_ range: ByteRange) throws(FSError) -> (ByteBuffer, versionChecked: Bool) {
-        let buffer = ByteBuffer(capacity: Int(range.length))
+    private func fetch(_ range: ByteRange, reserved: Int64?) throws(FSError) -> (ByteBuffer, versionChecked: Bool) {
+        // The buffer holds its bytes of the budget until it is freed.
+        let held = reserved ?? range.length
+        if reserved == nil { budget.reserve(held) }
+        let budget = self.budget
+        let buffer = ByteBuffer(capacity: Int(range.length)) { budget.release(held) }
         let info: ObjectInfo
         do throws(ObjectStoreError) {
             info = try store.get(key: key, range: range) { buffer.append($0) }

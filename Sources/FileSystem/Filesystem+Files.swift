@@ -123,7 +123,7 @@ extension Filesystem {
             store: store, pool: pool, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest,
             cache: configuration.blockCache, cacheName: cacheName(node.key),
             fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
-            maximumWindow: configuration.readAheadWindow,
+            maximumWindow: configuration.readAheadWindow, budget: configuration.memoryBudget,
             kernel: kernel)
     }
 

@@ -108,6 +108,8 @@ public struct FilesystemConfiguration: Sendable {
     public var randomFetchSize: Int = 4 << 20
     /// The largest read-ahead window of a sequential reader, in bytes (0: no read-ahead).
     public var readAheadWindow: Int = 32 << 20
+    /// Bytes of fetched data all readers together hold in memory; read-ahead stops at it.
+    public var memoryBudget = MemoryBudget(limit: 64 << 20)
     /// Where fetched blocks are kept (nil: not kept beyond the open handle).
     public var blockCache: BlockCache? = nil
     /// Names this mount's store in the block cache (URL and container), so that mounts of

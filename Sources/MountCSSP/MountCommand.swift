@@ -195,6 +195,7 @@ enum MountCommand {
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
         fsConfiguration.directoryTime = Timestamp.now()
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
+        fsConfiguration.memoryBudget = MemoryBudget(limit: Int64(options.memoryMiB) << 20)
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
         let cacheDirectory = cacheDirectory(options, env)
         if let problem = unsafeSharedDirectory(cacheDirectory, options, env) { return fail(problem, ExitStatus.usage) }

@@ -35,6 +35,8 @@ public struct MountOptions: Sendable, Equatable {
     public var caPath: String? = nil
     public var insecure = false
     public var readAheadMiB = 24
+    /// MiB of fetched data all readers hold in memory together (read-ahead stops there).
+    public var memoryMiB = 64
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
@@ -241,6 +243,7 @@ public enum Arguments {
         case "capath": options.caPath = try needValue()
         case "insecure": options.insecure = true
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
+        case "memory_mb": options.memoryMiB = try integer(8...65_536)
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
@@ -287,6 +290,7 @@ public enum Arguments {
           negative_timeout=S     seconds the kernel caches "no such file" (default 1)
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
           readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 24)
+          memory_mb=N            fetched data all readers hold at once; read-ahead waits (default 64)
           meta_prefetch=N        after a listing, HEAD up to N entries it cannot describe (other tools'
                                  objects, directories, empty files) in the background, 4 at a time;
                                  0 = off (default 10000)

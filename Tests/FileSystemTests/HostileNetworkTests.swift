@@ -1,7 +1,9 @@
+import Dispatch
 import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -51,4 +53,56 @@ struct HostileNetworkTests {
         #expect(kept.count == 1, "the bytes written are not kept aside")
         #expect(!((try? FileManager.default.contentsOfDirectory(atPath: spool)) ?? []).contains { $0.hasSuffix(".pending") })
     }
+
+    /// Item 7: parallel sequential readers share one memory budget. Each one's read-ahead window
+    /// would hold up to 8 MiB; with a 4 MiB budget, what is held at once stays within the budget
+    /// plus one fetch per reader (the reads the kernel waits for always get their bytes), every
+    /// reader still gets the right bytes, and everything is given back when they are done.
+    @Test(arguments: [Int64(4 << 20), Int64.max])
+    func parallelReadersShareOneMemoryBudget(limit: Int64) throws {
+        let store = FakeObjectStore()
+        let readers = 8
+        let fileSize = 12 << 20
+        var contents: [[UInt8]] = []
+        for index in 0..<readers {
+            // A random piece of a prime length, repeated: a byte at a wrong offset shows.
+            var generator = SeededGenerator(seed: UInt64(index + 1))
+            let piece = (0..<4093).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            var bytes: [UInt8] = []
+            while bytes.count < fileSize { bytes += piece }
+            bytes.removeLast(bytes.count - fileSize)
+            contents.append(bytes)
+            store.seed("f\(index)", bytes)
+        }
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-hostile-spool-" + UUID().uuidString
+        configuration.readFetchSize = 1 << 20
+        configuration.readAheadWindow = 8 << 20
+        let budget = MemoryBudget(limit: limit)
+        configuration.memoryBudget = budget
+        // GETs take 20 ms, as from a server farther away than this machine: windows fill up.
+        let far = FaultInjectingStore(store) { call in
+            if call.operation == .get { usleep(20_000) }
+            return .none
+        }
+        let fs = try Filesystem(store: far, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let inodes = try (0..<readers).map { try fs.lookup(parent: root, name: "f\($0)").inode }
+        let results = Locked<[Int: [UInt8]]>([:])
+        DispatchQueue.concurrentPerform(iterations: readers) { index in
+            let bytes = try? fs.readWhole(inodes[index], chunk: 128 << 10)
+            results.withLock { $0[index] = bytes }
+        }
+        for index in 0..<readers { #expect(results.withLock { $0[index] } == contents[index], "reader \(index)") }
+        fs.shutdown()
+        #expect(budget.inUse == 0, "\(budget.inUse) bytes never given back")
+        let bound = (4 << 20) + Int64(readers) * (1 << 20)
+        if limit == 4 << 20 {
+            #expect(budget.peak <= bound, "peak \(budget.peak >> 20) MiB")
+        } else {
+            // Without a budget the same readers hold more than that bound: it is the budget's doing.
+            #expect(budget.peak > bound, "peak \(budget.peak >> 20) MiB")
+        }
+    }
 }
+
