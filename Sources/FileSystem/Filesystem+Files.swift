@@ -336,7 +336,7 @@ extension Filesystem {
         let (failure, unstored) = open.state.withLock { ($0.writeFailure, $0.dataDirty) }
         if let failure, unstored {
             // Never uploaded (they are not what was written); kept for the operator, never deleted.
-            Glibc.close(open.fd)
+            open.closeDescriptor()
             Spool.removeNote(dataPath: open.path)
             let kept = Spool.keepLost(dataPath: open.path) ?? open.path
             logger.error(
@@ -355,6 +355,7 @@ extension Filesystem {
             // Jitter: after an outage, the owed uploads of a mount (and of many mounts) spread out.
             let delay = min(60, configuration.pendingRetrySeconds * Double(1 << min(tries - 1, 10)))
             pool.submit(after: delay * Double.random(in: 0.8...1.2)) { [self] in retryUpload(open) }
+            open.closeWhileWaiting()
         }
     }
 
@@ -534,7 +535,7 @@ extension Filesystem {
     /// first sign of a newer change: blocks must hold exactly the bytes of `etag`.
     func seedCache(from open: SpoolFile, generation: UInt64, size: Int64, key: String, etag: String) {
         guard let cache = configuration.blockCache, size > 0, size <= cache.capacity / 4, !etag.isEmpty else { return }
-        let fd = dup(open.fd)
+        let fd = (try? open.usingDescriptor { dup($0) }) ?? -1
         guard fd >= 0 else { return }
         let object = BlockCache.Object(name: cacheName(key), etag: etag)
         seeding.enter()

@@ -21,8 +21,11 @@ import Glibc
 //   3. `state` (Locked<State>): the inode table, directory cache, handles and spools. Never held
 //      across I/O (network, SQLite, spool files) or a FUSE reply.
 //   4. `SpoolFile.state` (Locked): one spool's counters; taken inside `state` (attach, retire) or alone.
-//   5. `prefetch` (Locked): the background HEAD table. Never taken together with `state`.
-//   6. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
+//   5. `SpoolFile.descriptor` (Locked): the spool's descriptor and its users; taken inside 4
+//      (closing a waiting spool's descriptor) or alone (a read or write gets the descriptor; the
+//      I/O itself runs outside the lock).
+//   6. `prefetch` (Locked): the background HEAD table. Never taken together with `state`.
+//   7. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
 //      and its blocks, `EarlyParts.state`, `KernelCache`, the block cache's own.
 // No lock of this module is held while calling into the FUSE layer.
 

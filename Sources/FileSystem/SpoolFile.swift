@@ -182,7 +182,16 @@ struct SpoolState: Equatable {
 final class SpoolFile: Sendable {
     let inode: InodeNumber
     let path: String
-    let fd: Int32
+
+    /// The spool's descriptor (-1: closed) and the calls using it now. It is closed while the
+    /// spool only waits for a retry with no handle (a thousand owed files would otherwise use a
+    /// thousand descriptors, and EMFILE breaks curl and SQLite for everything), and opened again
+    /// by the next use. Lock 5 of the LOCKING block in Filesystem.swift.
+    private struct Descriptor {
+        var fd: Int32
+        var users = 0
+    }
+    private let descriptor: Locked<Descriptor>
 
     /// Protects the state (lock 4 of the LOCKING block in Filesystem.swift).
     let state: Locked<SpoolState>
@@ -192,8 +201,49 @@ final class SpoolFile: Sendable {
     init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {
         self.inode = inode
         self.path = path
-        self.fd = fd
+        self.descriptor = Locked(Descriptor(fd: fd))
         self.state = Locked(SpoolState(size: size, dataDirty: dirty, baseETag: baseETag))
+    }
+
+    /// Runs `body` with the spool's descriptor, opening it again if it was closed.
+    func usingDescriptor<T>(_ body: (Int32) throws(FSError) -> T) throws(FSError) -> T {
+        let fd = try descriptor.withLock { (d: inout Descriptor) throws(FSError) -> Int32 in
+            if d.fd < 0 {
+                d.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
+                guard d.fd >= 0 else { throw Spool.error("open spool \(path) again") }
+            }
+            d.users += 1
+            return d.fd
+        }
+        defer { descriptor.withLock { $0.users -= 1 } }
+        return try body(fd)
+    }
+
+    /// The descriptor now (tests replace it with /dev/full to simulate a full disk).
+    var fd: Int32 { (try? usingDescriptor { $0 }) ?? -1 }
+
+    /// Whether the descriptor is open (tests).
+    var isDescriptorOpen: Bool { descriptor.withLock { $0.fd >= 0 } }
+
+    /// Closes the descriptor while the spool waits for a retry with no handle and no call using
+    /// it (the retry uploads from the path).
+    func closeWhileWaiting() {
+        state.withLock { s in
+            guard s.isIdle, s.retryIsDue() else { return }
+            descriptor.withLock { d in
+                guard d.users == 0, d.fd >= 0 else { return }
+                close(d.fd)
+                d.fd = -1
+            }
+        }
+    }
+
+    /// Closes the descriptor for good (the spool is retired).
+    func closeDescriptor() {
+        descriptor.withLock { d in
+            if d.fd >= 0 { close(d.fd) }
+            d.fd = -1
+        }
     }
 
     var size: Int64 { state.withLock { $0.size } }
@@ -211,14 +261,16 @@ final class SpoolFile: Sendable {
                 }
             }
         }
-        var done = 0
-        while done < bytes.count {
-            let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw failed(Spool.error("write to spool \(path)"))
+        try usingDescriptor { (fd) throws(FSError) in
+            var done = 0
+            while done < bytes.count {
+                let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + Int64(done)))
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    throw failed(Spool.error("write to spool \(path)"))
+                }
+                done += n
             }
-            done += n
         }
         state.withLock { s in
             s.size = max(s.size, offset + Int64(bytes.count))
@@ -234,7 +286,9 @@ final class SpoolFile: Sendable {
                 s.generation += 1
             }
         }
-        guard ftruncate(fd, off_t(size)) == 0 else { throw failed(Spool.error("truncate spool \(path)")) }
+        try usingDescriptor { (fd) throws(FSError) in
+            guard ftruncate(fd, off_t(size)) == 0 else { throw failed(Spool.error("truncate spool \(path)")) }
+        }
         state.withLock { s in
             if size == 0 { s.writeFailure = nil }
             if let parts = s.earlyParts {
@@ -277,20 +331,23 @@ final class SpoolFile: Sendable {
         let count = Int(min(Int64(length), size - offset))
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
         defer { buffer.deallocate() }
-        var done = 0
-        while done < count {
-            let n = pread(fd, buffer.baseAddress! + done, count - done, off_t(offset + Int64(done)))
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 { throw Spool.error("read spool \(path)") }
-            if n == 0 { break }
-            done += n
+        let done = try usingDescriptor { (fd) throws(FSError) -> Int in
+            var done = 0
+            while done < count {
+                let n = pread(fd, buffer.baseAddress! + done, count - done, off_t(offset + Int64(done)))
+                if n < 0 && errno == EINTR { continue }
+                if n < 0 { throw Spool.error("read spool \(path)") }
+                if n == 0 { break }
+                done += n
+            }
+            return done
         }
         reply(UnsafeRawBufferPointer(rebasing: buffer[0..<done]))
     }
 
     /// Closes and deletes the spool.
     func discard() {
-        close(fd)
+        closeDescriptor()
         Spool.remove(dataPath: path)
     }
 }

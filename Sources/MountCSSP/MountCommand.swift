@@ -31,6 +31,13 @@ enum MountCommand {
         // threshold after the first such free and then keeps them in per-thread heaps: the
         // daemon's memory grew to 230 MiB under 4 random readers. A fixed threshold stops that.
         _ = cssp_fixed_mmap_threshold(256 << 10)
+        // Descriptors: open files' spools, curl connections and SQLite share the process's; the
+        // soft limit (often 1024) is raised to the hard one, as servers do.
+        var limit = rlimit()
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max
+            _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        }
 
         let command: Command
         do {

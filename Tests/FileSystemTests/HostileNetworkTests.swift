@@ -104,5 +104,33 @@ struct HostileNetworkTests {
             #expect(budget.peak > bound, "peak \(budget.peak >> 20) MiB")
         }
     }
+
+    /// Item 7: during an outage every failed file waits for its retry. Its spool's descriptor is
+    /// closed meanwhile (a thousand owed files would exhaust descriptors, and EMFILE breaks curl
+    /// and SQLite for everything); reading or writing the file opens it again.
+    @Test func owedFilesHoldNoDescriptor() throws {
+        let store = FakeObjectStore()
+        let spool = NSTemporaryDirectory() + "cssp-hostile-spool-" + UUID().uuidString
+        let fs = makeFilesystem(store, spool: spool)
+        defer { fs.shutdown() }
+        var inodes: [InodeNumber] = []
+        for index in 0..<20 {
+            let (attributes, opened) = try fs.create(parent: root, name: "f\(index)", mode: 0o644, caller: Caller(uid: 1, gid: 1))
+            try write(fs, opened.handle, "owed \(index)")
+            store.failNextPuts(2)
+            #expect(throws: FSError.self) { try fs.flush(handle: opened.handle) }
+            fs.release(handle: opened.handle)
+            inodes.append(attributes.inode)
+        }
+        let spools = fs.state.withLock { s in inodes.compactMap { s.openFiles[$0] } }
+        #expect(spools.count == 20, "every file is owed")
+        #expect(spools.filter(\.isDescriptorOpen).isEmpty, "\(spools.filter(\.isDescriptorOpen).count) descriptors open")
+        #expect(try fs.readWhole(inodes[3], chunk: 4) == Array("owed 3".utf8))
+        let opened = try fs.open(inodes[5], writable: true, truncate: false)
+        try write(fs, opened.handle, " and more", at: 6)
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        #expect(store.object("f5")?.bytes == Array("owed 5 and more".utf8))
+    }
 }
 
