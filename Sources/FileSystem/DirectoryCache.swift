@@ -12,7 +12,7 @@ import ObjectStore
 ///    keys in it name the old place.
 struct DirectoryCache {
     struct Listing {
-        var entries: [ExactString: DirectoryEntry]
+        var entries: EntryTable
         var completedAt: Double
     }
 
@@ -58,7 +58,7 @@ struct DirectoryCache {
     /// when the directory changed here since.
     @discardableResult
     mutating func remember(
-        _ entries: [ExactString: DirectoryEntry], for directory: InodeNumber, now: Double, startedAt: UInt64
+        _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64
     ) -> Bool {
         guard changeCount(directory) == startedAt else { return false }
         listings[directory] = Listing(entries: entries, completedAt: now)
@@ -68,7 +68,7 @@ struct DirectoryCache {
     /// A new, empty directory made here: its listing is known.
     mutating func rememberEmpty(_ directory: InodeNumber, now: Double) {
         changes[directory, default: 0] += 1
-        listings[directory] = Listing(entries: [:], completedAt: now)
+        listings[directory] = Listing(entries: EntryTable([]), completedAt: now)
     }
 
     /// A change we made to `name` in `directory` (nil entry: removed).
@@ -95,3 +95,43 @@ extension DirectoryCache {
         reserved[directory] = nil
     }
 }
+
+/// A complete listing by name. The entries stay in the array they were read into (shared with
+/// the reader that read them); a table maps names to positions, and our own changes go to an
+/// overlay. (As a dictionary of entries, a 200 000-entry listing took 118 MiB; heaptrack.)
+struct EntryTable {
+    private let entries: [DirectoryEntry]
+    private let positions: [ExactString: Int32]
+    /// Names changed here since: their entry, or nil when removed.
+    private var changes: [ExactString: DirectoryEntry?] = [:]
+
+    /// A later entry of the same name wins (as in the listing).
+    init(_ entries: [DirectoryEntry]) {
+        self.entries = entries
+        var positions: [ExactString: Int32] = [:]
+        positions.reserveCapacity(entries.count)
+        for (index, entry) in entries.enumerated() { positions[entry.name.exact] = Int32(index) }
+        self.positions = positions
+    }
+
+    subscript(name: ExactString) -> DirectoryEntry? {
+        get {
+            if let change = changes[name] { return change }
+            return positions[name].map { entries[Int($0)] }
+        }
+        set { changes[name] = .some(newValue) }
+    }
+
+    /// Every entry now (one per name), sorted by the bytes of the names.
+    var sorted: [DirectoryEntry] {
+        var result: [DirectoryEntry] = []
+        result.reserveCapacity(entries.count + changes.count)
+        for (index, entry) in entries.enumerated()
+        where changes[entry.name.exact] == nil && positions[entry.name.exact] == Int32(index) {
+            result.append(entry)
+        }
+        for case let (_, entry?) in changes { result.append(entry) }
+        return result.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+    }
+}
+

@@ -286,7 +286,7 @@ public final class Filesystem: Sendable {
     /// whole directory (up to `lookupListingLimit` entries) and remembers it, so that a walk over
     /// many names (rsync, `stat` of each file, a build) costs one listing instead of two requests
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
-    func listForLookups(_ directory: Node) throws(FSError) -> [ExactString: DirectoryEntry]? {
+    func listForLookups(_ directory: Node) throws(FSError) -> EntryTable? {
         let inode = directory.inode
         let now = self.now()
         let start: UInt64? = state.withLock { s in
@@ -317,10 +317,8 @@ public final class Filesystem: Sendable {
     /// Stores a complete listing of directory `inode` that started at change count `startedAt`,
     /// unless the directory changed here since (DirectoryCache rule 2); returns it as a table.
     @discardableResult
-    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64) -> [ExactString: DirectoryEntry] {
-        var table: [ExactString: DirectoryEntry] = [:]
-        table.reserveCapacity(entries.count)
-        for entry in entries { table[entry.name.exact] = entry }
+    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64) -> EntryTable {
+        let table = EntryTable(entries)
         state.withLock { s in
             guard s.inodes[inode] != nil,
                 s.directories.remember(table, for: inode, now: now(), startedAt: startedAt)
@@ -473,7 +471,7 @@ public final class Filesystem: Sendable {
                 let listing = s.directories.listing(
                     directory.inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return nil }
-            return listing.entries.values.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+            return listing.entries.sorted
         }
         return remembered.map { DirectoryReader(prefix: directory.key, remembered: $0, startedAt: 0) }
             ?? makeDirectoryReader(directory)
@@ -597,7 +595,7 @@ public final class Filesystem: Sendable {
         guard let entries = reader.completeEntries() else { return }
         let table = reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt)
         let pending: [(String, InodeNumber)] = state.withLock { s in
-            let table = table ?? s.directories.anyListing(inode)?.entries ?? [:]
+            let table = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])
             return s.inodes.children(of: inode).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
                 .sorted { $0.key < $1.key }.map { ($0.key.string, $0.value) }
         }

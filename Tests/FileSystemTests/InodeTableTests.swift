@@ -101,22 +101,39 @@ struct DirectoryCacheTests {
         var cache = DirectoryCache()
         let started = cache.changeCount(7)
         cache.record(7, name: "new", entry: entry("new"))
-        let refused = !cache.remember(["old": entry("old")], for: 7, now: 10, startedAt: started)
+        let refused = !cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: started)
         #expect(refused)
         #expect(cache.listing(7, now: 10, maximumAge: 5) == nil)
         let current = cache.changeCount(7)
-        let accepted = cache.remember(["old": entry("old")], for: 7, now: 10, startedAt: current)
+        let accepted = cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: current)
         #expect(accepted)
-        #expect(cache.listing(7, now: 12, maximumAge: 5)?.entries.keys.sorted() == ["old"])
+        #expect(cache.listing(7, now: 12, maximumAge: 5)?.entries.sorted.map(\.name) == ["old"])
         #expect(cache.listing(7, now: 16, maximumAge: 5) == nil)
+    }
+
+    /// A remembered listing keeps the reader's array and a table of positions; our changes go
+    /// to an overlay. Lookups and the sorted view see both, a later entry of a name wins.
+    @Test func anEntryTableAnswersByNameWithOurChangesOnTop() {
+        var replaced = entry("a")
+        replaced.size = 7
+        var table = EntryTable([entry("b"), entry("a"), replaced])
+        #expect(table["a".exact]?.size == 7)
+        table["b".exact] = nil
+        table["d".exact] = entry("d")
+        table["a".exact] = entry("a")
+        #expect(table["b".exact] == nil && table["d".exact] != nil && table["a".exact]?.size == 1)
+        #expect(table.sorted.map(\.name) == ["a", "d"])
+        let unicode = EntryTable([entry("ce\u{301}"), entry("c\u{E9}"), entry("c")])
+        #expect(unicode.sorted.map { Array($0.name.utf8) } == [Array("c".utf8), Array("ce\u{301}".utf8), Array("c\u{E9}".utf8)])
+        #expect(unicode["c\u{E9}".exact] != nil && unicode["e".exact] == nil)
     }
 
     @Test func ourChangesUpdateARememberedListingAndDropForgetsIt() {
         var cache = DirectoryCache()
-        cache.remember(["a": entry("a")], for: 3, now: 0, startedAt: 0)
+        cache.remember(EntryTable([entry("a")]), for: 3, now: 0, startedAt: 0)
         cache.record(3, name: "b", entry: entry("b"))
         cache.record(3, name: "a", entry: nil)
-        #expect(cache.listing(3, now: 1, maximumAge: 5)?.entries.keys.sorted() == ["b"])
+        #expect(cache.listing(3, now: 1, maximumAge: 5)?.entries.sorted.map(\.name) == ["b"])
         cache.drop(3)
         #expect(cache.anyListing(3) == nil)
     }
