@@ -77,7 +77,7 @@ struct Node {
 struct InodeTable {
     static let root: InodeNumber = 1
 
-    private(set) var nodes: [InodeNumber: Node] = [:]
+    private(set) var nodes = NodeStore()
     private var children: [InodeNumber: [ExactString: InodeNumber]] = [:]
     private var nextInode: InodeNumber = 2
     /// Directories dropped since the last `takeRemovedDirectories` (their listings must go too).
@@ -259,3 +259,45 @@ struct InodeTable {
         }
     }
 }
+
+/// Nodes by inode number: one array of nodes (a freed slot is reused) and a table from inode
+/// numbers to slots. As a dictionary of 296-byte nodes, 200 000 nodes took 159 MiB (its load
+/// factor and doubling; heaptrack); the table's slots are 4 bytes.
+struct NodeStore: Sequence {
+    private var slots: [Node?] = []
+    private var index: [InodeNumber: Int32] = [:]
+    private var free: [Int32] = []
+
+    var count: Int { index.count }
+
+    subscript(inode: InodeNumber) -> Node? {
+        get { index[inode].flatMap { slots[Int($0)] } }
+        set {
+            if let slot = index[inode] {
+                slots[Int(slot)] = newValue
+                if newValue == nil {
+                    index[inode] = nil
+                    free.append(slot)
+                }
+            } else if let newValue {
+                if let slot = free.popLast() {
+                    slots[Int(slot)] = newValue
+                    index[inode] = slot
+                } else {
+                    index[inode] = Int32(slots.count)
+                    slots.append(newValue)
+                }
+            }
+        }
+    }
+
+    func makeIterator() -> AnyIterator<(key: InodeNumber, value: Node)> {
+        var inner = index.makeIterator()
+        let slots = self.slots
+        return AnyIterator {
+            guard let (inode, slot) = inner.next() else { return nil }
+            return (key: inode, value: slots[Int(slot)]!)
+        }
+    }
+}
+

@@ -92,6 +92,29 @@ struct InodeTableTests {
     }
 }
 
+/// Nodes in one array with a table of slots: a removed node's slot serves the next one, and
+/// every node is found and iterated once.
+struct NodeStoreTests {
+    func node(_ inode: InodeNumber) -> Node {
+        Node(inode: inode, parent: 1, name: "n\(inode)", kind: .file, key: "n\(inode)")
+    }
+
+    @Test func slotsAreReusedAndEveryNodeIsFound() {
+        var store = NodeStore()
+        for inode: InodeNumber in 2...6 { store[inode] = node(inode) }
+        store[3] = nil
+        store[5] = nil
+        store[7] = node(7)
+        store[8] = node(8)
+        store[9] = node(9)
+        store[4]?.size = 42
+        #expect(store.count == 6)
+        #expect(store[3] == nil && store[5] == nil && store[4]?.size == 42 && store[9]?.name == "n9")
+        #expect(store.map(\.key).sorted() == [2, 4, 6, 7, 8, 9])
+        #expect(store.allSatisfy { $0.value.inode == $0.key })
+    }
+}
+
 struct DirectoryCacheTests {
     func entry(_ name: String) -> DirectoryEntry {
         DirectoryEntry(name: name, kind: .file, key: name, size: 1, etag: "e", lastModified: .zero, contentType: "")
