@@ -279,7 +279,10 @@ public enum Arguments {
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
-          ro                     read-only mount (writes fail with EROFS)
+          ro, rw                 read-only mount (writes fail with EROFS), or not (the default);
+                                 the last one given wins
+          foreground             as -f, also when mount(8) runs mount.cssp
+          debug                  as -d
           allow_other            let other users access the mount (needs user_allow_other for non-root)
           allow_root             let root access the mount
           default_permissions    let the kernel check permissions against the modes shown

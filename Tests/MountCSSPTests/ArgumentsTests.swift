@@ -1,3 +1,4 @@
+import Foundation
 import MountCSSPConfig
 import Testing
 
@@ -171,6 +172,37 @@ struct CredentialTests {
             Issue.record("no credentials accepted")
         } catch {
             #expect(error.message.hasPrefix("no credentials"))
+        }
+    }
+}
+
+/// Every option the parser takes is documented in `--help` and in the man page. The names are
+/// read from the parser's own `switch`, so a new option without documentation fails here.
+struct OptionDocumentationTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+
+    static func parsedOptionNames() throws -> [String] {
+        let source = try String(contentsOf: root.appending(path: "Sources/MountCSSPConfig/MountOptions.swift"), encoding: .utf8)
+        guard let start = source.range(of: "switch name {")?.upperBound,
+              let end = source.range(of: "default:", range: start..<source.endIndex)?.lowerBound else {
+            throw ConfigurationError("the option switch moved: update this test")
+        }
+        let cases = try Regex(#"case "([a-z_]+)""#)
+        return source[start..<end].matches(of: cases).map { String($0.output[1].substring!) }
+    }
+
+    @Test func everyOptionIsInTheHelpAndTheManPage() throws {
+        let names = try Self.parsedOptionNames()
+        #expect(names.count > 30)
+        let man = try String(contentsOf: Self.root.appending(path: "man/mount.cssp.8"), encoding: .utf8)
+            .replacingOccurrences(of: #"\\f[BIRP]"#, with: "", options: .regularExpression)
+            .replacingOccurrences(of: "\\", with: "")
+        for name in names {
+            let spelled = try Regex(#"(^|[ ,"])"# + name + #"([=, "]|$)"#).anchorsMatchLineEndings()
+            let inHelp = Arguments.usage.contains(spelled), inMan = man.contains(spelled)
+            #expect(inHelp, "--help does not mention -o \(name)")
+            #expect(inMan, "man/mount.cssp.8 does not mention -o \(name)")
         }
     }
 }
