@@ -110,8 +110,10 @@ final class FileReader: Sendable {
             }
             var known: [Int64: Block] = [:]
             for index in first...last { known[index] = s.blocks[index] }
-            // Blocks behind the reader are done with.
-            for index in s.blocks.keys where index < first - 1 { s.blocks[index] = nil }
+            // Blocks behind the reader are done with. The one just behind is kept for reads the
+            // kernel sends out of order, unless the memory budget is spent.
+            let keep = budget.inUse > budget.limit ? first : first - 1
+            for index in s.blocks.keys where index < keep { s.blocks[index] = nil }
             return (sequential, known)
         }
         if cache == nil && !sequential && known.isEmpty {
@@ -127,6 +129,7 @@ final class FileReader: Sendable {
             case .success(let bytes):
                 let lower = bytes.range.lowerBound + Int(offset - first * blockSize)
                 bytes.buffer.withBytes(lower..<(lower + Int(end - offset)), reply)
+                dropServed(first...last, end: end)
                 return
             case .failure(let error):
                 state.withLock { s in
@@ -152,7 +155,9 @@ final class FileReader: Sendable {
             }
             missing.append(index)
         }
-        let neighbours = sequential ? [] : neighbours(of: missing)
+        // The group around a random read is speculative: it takes the budget first, like read-ahead.
+        var neighbours = sequential ? [] : neighbours(of: missing)
+        if !neighbours.isEmpty && !budget.tryReserve(Int64(neighbours.count) * blockSize) { neighbours = [] }
         let mine: [Int64] = state.withLock { s in
             var mine: [Int64] = []
             for index in missing {
@@ -176,11 +181,13 @@ final class FileReader: Sendable {
             }
             return extra
         }
+        budget.release(Int64(neighbours.count - extra.count) * blockSize)
         if sequential { readAhead(after: last) }
         for run in Self.runs(mine + extra.keys, longest: Int((sequential ? fetchSize : groupSize) / blockSize)) {
             // A random reader waits for the cache writer rather than lose its blocks: they are
             // what its next reads hit. (Read-ahead never waits; its blocks are dropped instead.)
-            load(run.map { waiting[$0] ?? extra[$0]! }, waitForCache: !sequential)
+            let speculative = Int64(run.count { extra[$0] != nil }) * blockSize
+            load(run.map { waiting[$0] ?? extra[$0]! }, waitForCache: !sequential, reserved: speculative)
         }
         if !extra.isEmpty {
             state.withLock { s in
@@ -208,6 +215,18 @@ final class FileReader: Sendable {
             }
         }
         reply(UnsafeRawBufferPointer(output))
+        dropServed(first...last, end: end)
+    }
+
+    /// Once the memory budget is spent, a block whose end a read reached is dropped at once
+    /// rather than when the reader moves past it: the kernel keeps the pages it was sent, and
+    /// 64 readers each keeping a served block held 64 MiB beyond the budget. A read of it that
+    /// arrives late is served again from the cache or the store.
+    private func dropServed(_ blocks: ClosedRange<Int64>, end: Int64) {
+        guard budget.inUse > budget.limit else { return }
+        state.withLock { s in
+            for index in blocks where min(size, (index + 1) * blockSize) <= end { s.blocks[index] = nil }
+        }
     }
 
     /// Starts fetches of the blocks in the read-ahead window past block `last` that are neither
@@ -283,13 +302,14 @@ final class FileReader: Sendable {
     }
 
     private func readDirect(offset: Int64, end: Int64, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
-        let (bytes, _) = try fetch(ByteRange(lower: offset, upper: end - 1), reserved: nil)
+        let (bytes, _) = try fetch(ByteRange(lower: offset, upper: end - 1), reserved: 0)
         bytes.withBytes(0..<bytes.count, reply)
     }
 
     /// Fetches consecutive blocks with one GET, finishes them, and offers them to the cache.
-    /// `reserved`: bytes of the budget read-ahead took for it (else the fetch takes its own).
-    private func load(_ run: [Block], waitForCache: Bool = false, reserved: Int64? = nil) {
+    /// `reserved`: bytes of the budget already taken for it (read-ahead, neighbours); the fetch
+    /// takes what the range needs beyond that.
+    private func load(_ run: [Block], waitForCache: Bool = false, reserved: Int64 = 0) {
         guard let head = run.first, let tail = run.last else { return }
         let lower = head.index * blockSize
         let upper = min(size, (tail.index + 1) * blockSize) - 1
@@ -325,10 +345,11 @@ final class FileReader: Sendable {
     }
 
     /// The bytes of `range`, and whether the response proved they belong to `etag`.
-    private func fetch(_ range: ByteRange, reserved: Int64?) throws(FSError) -> (ByteBuffer, versionChecked: Bool) {
+    private func fetch(_ range: ByteRange, reserved: Int64) throws(FSError) -> (ByteBuffer, versionChecked: Bool) {
         // The buffer holds its bytes of the budget until it is freed.
-        let held = reserved ?? range.length
-        if reserved == nil { budget.reserve(held) }
+        let more = max(0, range.length - reserved)
+        budget.reserve(more)
+        let held = reserved + more
         let budget = self.budget
         let buffer = ByteBuffer(capacity: Int(range.length)) { budget.release(held) }
         let info: ObjectInfo

@@ -259,7 +259,9 @@ enum MountCommand {
             Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }
         }
         let rc = session.run()
-        logger.info("unmounted \(options.mountpoint)")
+        let budget = fsConfiguration.memoryBudget
+        logger.info(
+            "unmounted \(options.mountpoint); fetched data held at most \(budget.peak >> 20) MiB at once (memory_mb=\(budget.limit >> 20))")
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
     }
 

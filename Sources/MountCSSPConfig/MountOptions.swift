@@ -293,7 +293,8 @@ public enum Arguments {
           negative_timeout=S     seconds the kernel caches "no such file" (default 1)
           dir_timeout=S          seconds a complete listing answers lookups (default 5)
           readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 24)
-          memory_mb=N            fetched data all readers hold at once; read-ahead waits (default 64)
+          memory_mb=N            fetched data all readers hold at once; read-ahead waits, demand reads
+                                 add at most max_threads blocks (default 64)
           meta_prefetch=N        after a listing, HEAD up to N entries it cannot describe (other tools'
                                  objects, directories, empty files) in the background, 4 at a time;
                                  0 = off (default 10000)

@@ -78,6 +78,23 @@ struct FilesystemCacheTests {
         #expect(store.counts.get == 1)
     }
 
+    /// The group around a random read is speculative, like read-ahead: with the memory budget
+    /// spent (by other readers) only the block asked for is fetched.
+    @Test func aRandomReadFetchesOnlyItsBlockWhenTheMemoryBudgetIsSpent() throws {
+        let store = FakeObjectStore()
+        let data = content(8 * Self.block)
+        store.seed("f", data)
+        let fs = makeFilesystem(store)
+        let budget = fs.configuration.memoryBudget
+        budget.reserve(budget.limit)
+        defer { budget.release(budget.limit) }
+        _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        store.resetCounts()
+        let offset = 5 * Self.block + 4096
+        #expect(try read(fs, "f", offset: Int64(offset), length: 4096) == Array(data[offset..<(offset + 4096)]))
+        #expect(store.counts.getBytes == Int64(Self.block))
+    }
+
     @Test func aRandomReadOfAFileLargerThanHalfTheCacheFetchesOnlyItsBlock() throws {
         let store = FakeObjectStore()
         let data = content(8 * Self.block)

@@ -1,3 +1,4 @@
+import BlockCache
 import Dispatch
 import Foundation
 #if canImport(Glibc)
@@ -103,6 +104,54 @@ struct HostileNetworkTests {
             // Without a budget the same readers hold more than that bound: it is the budget's doing.
             #expect(budget.peak > bound, "peak \(budget.peak >> 20) MiB")
         }
+    }
+
+    /// Item 7, as the kernel reads: many files read at once through a few FUSE threads, in
+    /// whole 1 MiB blocks of the block cache, each file's reads arriving in turn. A file waiting
+    /// for its next turn used to keep the block it was last served (and the one before), so 24
+    /// readers held 24–48 MiB whatever the budget. Now, once the budget is spent, a served
+    /// block is dropped at once: what is held stays within the budget plus one block per thread.
+    @Test func manyReadersOnFewThreadsStayWithinTheBudget() throws {
+        let store = FakeObjectStore()
+        let files = 24, blocks = 6, threads = 4
+        let blockSize = 1 << 20
+        for index in 0..<files { store.seed("f\(index)", [UInt8](repeating: UInt8(index), count: blocks * blockSize)) }
+        let directory = NSTemporaryDirectory() + "cssp-hostile-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = directory + "/spool"
+        configuration.readAheadWindow = 4 << 20
+        let limit: Int64 = 4 << 20
+        let budget = MemoryBudget(limit: limit)
+        configuration.memoryBudget = budget
+        configuration.blockCache = BlockCache.open(
+            path: directory + "/blocks.db", capacity: 1 << 30, blockSize: blockSize, logger: Logger(label: "test"))
+        configuration.cacheIdentity = "fake://" + store.containerName
+        let far = FaultInjectingStore(store) { call in
+            if call.operation == .get { usleep(5_000) }
+            return .none
+        }
+        let fs = try Filesystem(store: far, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let handles = try (0..<files).map { index in
+            try fs.open(try fs.lookup(parent: root, name: "f\(index)").inode, writable: false, truncate: false).handle
+        }
+        defer { for handle in handles { fs.release(handle: handle) } }
+        // The reads in the order the kernel sends them: block 0 of every file, then block 1, ...
+        let queue = Locked((0..<(blocks * files)).map { (file: $0 % files, block: $0 / files) })
+        let wrong = Locked(0)
+        DispatchQueue.concurrentPerform(iterations: threads) { _ in
+            while let next = queue.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) {
+                var good = false
+                try? fs.read(handle: handles[next.file], offset: Int64(next.block * blockSize), length: blockSize) {
+                    good = $0.count == blockSize && $0.allSatisfy { $0 == UInt8(next.file) }
+                }
+                if !good { wrong.withLock { $0 += 1 } }
+            }
+        }
+        #expect(wrong.withLock { $0 } == 0)
+        let bound = limit + Int64((threads + 1) * blockSize)
+        #expect(budget.peak <= bound, "held \(budget.peak >> 20) MiB at once, budget \(limit >> 20) MiB")
     }
 
     /// Item 7: during an outage every failed file waits for its retry. Its spool's descriptor is
