@@ -49,7 +49,7 @@ public final class BlockCache: Sendable {
     static let applicationID: Int64 = 0x4353_5046  // "CSPF"
     static let schemaVersion: Int64 = 1
     /// Queued bytes beyond which new blocks are not cached (bounds memory when the disk is slow).
-    static let maximumQueuedBytes = 16 << 20
+    public static let maximumQueuedBytes = 16 << 20
 
     private struct BlockID: Hashable {
         var name: String

@@ -110,7 +110,8 @@ struct HostileNetworkTests {
     /// whole 1 MiB blocks of the block cache, each file's reads arriving in turn. A file waiting
     /// for its next turn used to keep the block it was last served (and the one before), so 24
     /// readers held 24–48 MiB whatever the budget. Now, once the budget is spent, a served
-    /// block is dropped at once: what is held stays within the budget plus one block per thread.
+    /// block is dropped at once: what is held stays within the budget plus one block per thread
+    /// plus what the cache writer has queued.
     @Test func manyReadersOnFewThreadsStayWithinTheBudget() throws {
         let store = FakeObjectStore()
         let files = 24, blocks = 6, threads = 4
@@ -150,7 +151,9 @@ struct HostileNetworkTests {
             }
         }
         #expect(wrong.withLock { $0 } == 0)
-        let bound = limit + Int64((threads + 1) * blockSize)
+        // Blocks dropped by readers may still wait in the cache writer's queue (bounded), when
+        // the disk is slower than the store.
+        let bound = limit + Int64((threads + 1) * blockSize + BlockCache.maximumQueuedBytes)
         #expect(budget.peak <= bound, "held \(budget.peak >> 20) MiB at once, budget \(limit >> 20) MiB")
     }
 
