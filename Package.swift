@@ -25,6 +25,8 @@ let package = Package(
 
         // `Locked`: the one lock type (a pthread mutex ThreadSanitizer understands).
         .target(name: "Locking"),
+        // Counters, gauges and histograms of a mount, rendered for `mount.cssp --stats`.
+        .target(name: "Metrics", dependencies: ["Locking"]),
         .target(
             name: "ObjectStore",
             dependencies: [.product(name: "Logging", package: "swift-log")]
@@ -32,7 +34,7 @@ let package = Package(
         .target(
             name: "ObjectStoreHTTP",
             dependencies: [
-                "ObjectStore", "CCurl", "CCrypto",
+                "ObjectStore", "CCurl", "CCrypto", "Metrics",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -45,7 +47,7 @@ let package = Package(
         .target(
             name: "FileSystem",
             dependencies: [
-                "ObjectStore", "BlockCache", "Locking",
+                "ObjectStore", "BlockCache", "Locking", "Metrics",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -53,7 +55,7 @@ let package = Package(
         .target(
             name: "FuseAdapter",
             dependencies: [
-                "FileSystem", "CFuse3",
+                "FileSystem", "CFuse3", "Metrics",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -61,7 +63,7 @@ let package = Package(
         .executableTarget(
             name: "MountCSSP",
             dependencies: [
-                "FuseAdapter", "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3",
+                "FuseAdapter", "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3", "Metrics",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -90,6 +92,7 @@ let package = Package(
             dependencies: ["FuseAdapter", "FileSystem", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .testTarget(name: "MountCSSPTests", dependencies: ["MountCSSPConfig"]),
+        .testTarget(name: "MetricsTests", dependencies: ["Metrics"]),
         .testTarget(
             name: "EndToEndTests",
             dependencies: ["ObjectStore", "ObjectStoreHTTP", "ObjectStoreTesting", "MountCSSPConfig"]

@@ -333,6 +333,12 @@ public final class BlockCache: Sendable {
         return withReader { (reader) throws(SQLiteError) in (try reader.statistics(), nil) } ?? (0, 0, 0)
     }
 
+    /// Bytes held as stored so far (blocks still queued are not counted yet): a gauge for
+    /// `mount.cssp --stats`, which must not wait for the writer.
+    public func storedBytes() -> Int64 {
+        withReader { (reader) throws(SQLiteError) in (try reader.statistics(), nil) }?.1 ?? 0
+    }
+
     /// Wall-clock microseconds (shared by processes using the same file).
     public static func now() -> Int64 {
         var ts = timespec()

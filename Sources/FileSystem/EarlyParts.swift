@@ -23,6 +23,10 @@ final class EarlyParts: Sendable {
     private let concurrency: Int
     private let pool: BackgroundPool
     private let group = DispatchGroup()
+    /// The parts' progress, shown as an upload in progress of the bytes written so far.
+    let progress = TransferProgress()
+    private let transfers: Transfers
+    private let shown: Int
 
     struct Part {
         var etag: String
@@ -38,7 +42,9 @@ final class EarlyParts: Sendable {
     /// Protects finished and running parts.
     private let state = Locked(State())
 
-    init(store: any ObjectStore, partSize: Int64, concurrency: Int, pool: BackgroundPool) {
+    init(store: any ObjectStore, key: String, partSize: Int64, concurrency: Int, pool: BackgroundPool, transfers: Transfers) {
+        self.transfers = transfers
+        shown = transfers.begin(key: key, progress: progress)
         self.store = store
         self.pool = pool
         self.partSize = partSize
@@ -49,6 +55,7 @@ final class EarlyParts: Sendable {
     /// Starts uploads of whole parts below `writtenEnd` that are neither done nor running, at most
     /// `concurrency` at a time. `generation(index)` is the part's last write generation.
     func advance(path: String, writtenEnd: Int64, generation: (Int) -> UInt64) {
+        if writtenEnd > progress.bytesTotal { progress.setTotal(writtenEnd) }
         let complete = Int(writtenEnd / partSize)
         let starting: [(Int, UInt64)] = state.withLock { s in
             var starting: [(Int, UInt64)] = []
@@ -71,13 +78,20 @@ final class EarlyParts: Sendable {
     private func upload(_ index: Int, generation: UInt64, path: String) {
         let etag = try? store.putPart(
             key: partPrefix + Uploader.partName(index + 1),
-            body: .file(path: path, offset: Int64(index) * partSize, length: partSize))
+            body: .file(path: path, offset: Int64(index) * partSize, length: partSize, progress: progress))
         state.withLock { s in
             s.running.remove(index)
             // A failed part is simply sent again at close.
             if let etag { s.done[index] = Part(etag: etag, generation: generation) }
         }
     }
+
+    /// The upload at close (or the end of the file) takes over: no longer listed in `Transfers`.
+    func stopShowing() {
+        transfers.end(shown)
+    }
+
+    deinit { transfers.end(shown) }
 
     /// Waits for running uploads; then the parts that may be reused as they are.
     func finish() -> [Int: Part] {

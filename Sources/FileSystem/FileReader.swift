@@ -1,6 +1,7 @@
 import BlockCache
 import Dispatch
 import Locking
+import Metrics
 import ObjectStore
 import Synchronization
 
@@ -44,6 +45,9 @@ final class FileReader: Sendable {
     private let maximumWindow: Int64
     /// Shared by every reader of the mount (see `MemoryBudget`).
     private let budget: MemoryBudget
+    /// Blocks of reads served from the cache, and not.
+    private let cacheHits: Counter?
+    private let cacheMisses: Counter?
     /// Kernel page-cache stores queued or running, process-wide.
     private static let kernelStores = Atomic<Int>(0)
     /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
@@ -67,10 +71,12 @@ final class FileReader: Sendable {
     init(
         store: any ObjectStore, pool: BackgroundPool, key: String, size: Int64, etag: String, manifest: String?,
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
-        budget: MemoryBudget = MemoryBudget(limit: .max),
+        budget: MemoryBudget = MemoryBudget(limit: .max), metrics: MountMetrics? = nil,
         kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
     ) {
         self.budget = budget
+        self.cacheHits = cache == nil || etag.isEmpty ? nil : metrics?.cacheHits
+        self.cacheMisses = cache == nil || etag.isEmpty ? nil : metrics?.cacheMisses
         self.kernel = kernel
         self.store = store
         self.pool = pool
@@ -125,6 +131,7 @@ final class FileReader: Sendable {
             // The common case of a sequential reader: one block already fetched or being fetched,
             // replied from the GET's buffer without another copy.
             if sequential { readAhead(after: last) }
+            cacheMisses?.add()
             switch block.wait() {
             case .success(let bytes):
                 let lower = bytes.range.lowerBound + Int(offset - first * blockSize)
@@ -151,10 +158,12 @@ final class FileReader: Sendable {
         for index in first...last where known[index] == nil {
             let (range, at) = slice(index)
             if let cache, cache.read(cacheObject, block: index, range: range, into: output.baseAddress! + at) {
+                cacheHits?.add()
                 continue
             }
             missing.append(index)
         }
+        cacheMisses?.add(Int64(missing.count + known.count))
         // The group around a random read is speculative: it takes the budget first, like read-ahead.
         var neighbours = sequential ? [] : neighbours(of: missing)
         if !neighbours.isEmpty && !budget.tryReserve(Int64(neighbours.count) * blockSize) { neighbours = [] }

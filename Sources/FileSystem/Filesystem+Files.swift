@@ -23,7 +23,7 @@ extension Filesystem {
     var uploader: Uploader {
         Uploader(
             store: store, pool: pool, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
-            concurrency: configuration.uploadConcurrency, sharedParts: sharedParts)
+            concurrency: configuration.uploadConcurrency, sharedParts: sharedParts, transfers: transfers)
     }
 
     /// Puts bytes a random reader fetched into the kernel's page cache, unless the file has a
@@ -124,6 +124,7 @@ extension Filesystem {
             cache: configuration.blockCache, cacheName: cacheName(node.key),
             fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
             maximumWindow: configuration.readAheadWindow, budget: configuration.memoryBudget,
+            metrics: configuration.metrics,
             kernel: kernel)
     }
 
@@ -243,12 +244,15 @@ extension Filesystem {
     /// (see `EarlyParts`), so that close has less to send.
     private func startEarlyParts(_ open: SpoolFile, writtenEnd: Int64) {
         let multipart = configuration.multipartThreshold
+        // The key (for --status) is looked up only when a pipeline starts, not at every write.
+        let starts = open.state.withLock { $0.size > multipart && $0.earlyParts == nil && !$0.isRemoved }
+        let key = starts ? state.withLock { $0.inodes[open.inode]?.key } ?? open.path : open.path
         let (parts, generations): (EarlyParts?, [Int: UInt64]) = open.state.withLock { o in
             guard o.size > multipart, !o.isRemoved else { return (nil, [:]) }
             if o.earlyParts == nil {
                 o.earlyParts = EarlyParts(
-                    store: store, partSize: configuration.partSize, concurrency: configuration.uploadConcurrency,
-                    pool: pool)
+                    store: store, key: key, partSize: configuration.partSize,
+                    concurrency: configuration.uploadConcurrency, pool: pool, transfers: transfers)
             }
             return (o.earlyParts, o.partGenerations)
         }
@@ -288,7 +292,7 @@ extension Filesystem {
             } catch {
                 // The writer saw this error at close already; keep the bytes and keep trying.
                 logger.error("\(error.message); the data stays in \(open.path) and is retried")
-                afterFailure(open, open.state.withLock { $0.uploadFailed() })
+                afterFailure(open, open.state.withLock { $0.uploadFailed() }, error: error)
             }
         }
     }
@@ -312,7 +316,7 @@ extension Filesystem {
             do {
                 try commit(open)
             } catch {
-                afterFailure(open, open.state.withLock { $0.uploadFailed() })
+                afterFailure(open, open.state.withLock { $0.uploadFailed() }, error: error)
                 throw error
             }
             retire(open)
@@ -331,6 +335,7 @@ extension Filesystem {
             return true
         }
         guard done else { return }
+        transfers.clearOwed(open.inode)
         // (Retired now: whether it was removed before is not known here, so bytes of a removed file
         // with a failed write are kept too; they are the operator's to delete.)
         let (failure, unstored) = open.state.withLock { ($0.writeFailure, $0.dataDirty) }
@@ -347,14 +352,16 @@ extension Filesystem {
     }
 
     /// Carries out what the spool's state machine decided after a failed upload.
-    private func afterFailure(_ open: SpoolFile, _ decision: SpoolState.Failure) {
+    private func afterFailure(_ open: SpoolFile, _ decision: SpoolState.Failure, error: FSError) {
         switch decision {
         case .keep: break
         case .retire: retire(open)
         case .scheduleRetry(let tries):
             // Jitter: after an outage, the owed uploads of a mount (and of many mounts) spread out.
             let delay = min(60, configuration.pendingRetrySeconds * Double(1 << min(tries - 1, 10)))
-            pool.submit(after: delay * Double.random(in: 0.8...1.2)) { [self] in retryUpload(open) }
+                * Double.random(in: 0.8...1.2)
+            transfers.scheduleRetry(open.inode, in: delay)
+            pool.submit(after: delay) { [self] in retryUpload(open) }
             open.closeWhileWaiting()
         }
     }
@@ -367,7 +374,7 @@ extension Filesystem {
             retire(open)
         } catch {
             logger.warning("retrying upload of \(open.path) later: \(error.message)")
-            afterFailure(open, open.state.withLock { $0.retryFailed() })
+            afterFailure(open, open.state.withLock { $0.retryFailed() }, error: error)
         }
     }
 
@@ -444,8 +451,7 @@ extension Filesystem {
             do {
                 destination = try destinationForOwedUpload(key: node.key, base: snapshot.baseETag)
             } catch {
-                if !open.state.withLock({ $0.isRemoved }) { writeNote(open, for: node) }
-                throw FSError(storeError: error, operation: "upload", path: node.key)
+                throw failedUpload(open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload", path: node.key))
             }
             if destination != node.key { return try storeConflictCopy(open, snapshot: snapshot, node: node, at: destination) }
         }
@@ -479,10 +485,10 @@ extension Filesystem {
                 try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
             }
         } catch {
-            if !open.state.withLock({ $0.isRemoved }) { writeNote(open, for: node) }
-            throw FSError(storeError: error, operation: "upload", path: node.key)
+            throw failedUpload(open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload", path: node.key))
         }
         Spool.removeNote(dataPath: open.path)
+        transfers.clearOwed(open.inode)
         _ = open.state.withLock { o in
             if snapshot.dataDirty { o.baseETag = etag }
             return o.uploaded(generation: snapshot.generation)
@@ -505,6 +511,16 @@ extension Filesystem {
         }
     }
 
+    /// An upload of `open` failed: journals it (unless the file was removed) and lists it as
+    /// owed, before the writer hears of it. Returns the error to throw.
+    private func failedUpload(_ open: SpoolFile, node: Node, size: Int64, _ error: FSError) -> FSError {
+        if !open.state.withLock({ $0.isRemoved }) {
+            writeNote(open, for: node)
+            transfers.recordFailure(open.inode, key: node.key, size: size, error: error.message)
+        }
+        return error
+    }
+
     /// Stores an owed spool under a conflict name (the object at its own name changed); the name
     /// then shows the other client's version again.
     private func storeConflictCopy(_ open: SpoolFile, snapshot: SpoolState, node: Node, at key: String) throws(FSError) {
@@ -513,8 +529,8 @@ extension Filesystem {
             _ = try uploader.upload(
                 path: open.path, size: snapshot.size, key: key, contentType: contentType, metadata: metadata)
         } catch {
-            writeNote(open, for: node)
-            throw FSError(storeError: error, operation: "upload (conflict copy)", path: key)
+            throw failedUpload(
+                open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload (conflict copy)", path: key))
         }
         Spool.removeNote(dataPath: open.path)
         _ = open.state.withLock { $0.uploaded(generation: snapshot.generation) }

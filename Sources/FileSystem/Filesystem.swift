@@ -61,6 +61,8 @@ public final class Filesystem: Sendable {
     let spool: Spool
     /// Manifests whose parts may be shared after a failed rename: never deleted.
     let sharedParts: SharedParts
+    /// Uploads running and owed (`mount.cssp --status`).
+    public let transfers = Transfers()
 
     /// An open directory: its listing, and whether readdir read from it (offset 0 again is then
     /// `rewinddir`, which must show what changed since).
@@ -112,6 +114,18 @@ public final class Filesystem: Sendable {
         sharedParts = SharedParts(directory: configuration.spoolDirectory)
         self.pool = BackgroundPool(width: configuration.backgroundThreads)
         state = Locked(State(inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)))
+        let transfers = self.transfers
+        let registry = configuration.metrics.registry
+        registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
+        registry.gauge("cssp_upload_bytes_done", help: "Bytes sent of the uploads in progress.") {
+            Double(transfers.running.reduce(0) { $0 + $1.done })
+        }
+        registry.gauge("cssp_upload_bytes_total", help: "Bytes in all of the uploads in progress.") {
+            Double(transfers.running.reduce(0) { $0 + $1.total })
+        }
+        registry.gauge("cssp_pending_uploads", help: "Uploads that failed and wait for their retry (owed).") {
+            Double(transfers.owed.count)
+        }
     }
 
     /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.

@@ -1,4 +1,5 @@
 import BlockCache
+import Metrics
 
 /// Inode numbers as the kernel sees them. 1 is the root.
 public typealias InodeNumber = UInt64
@@ -110,6 +111,8 @@ public struct FilesystemConfiguration: Sendable {
     public var readAheadWindow: Int = 32 << 20
     /// Bytes of fetched data all readers together hold in memory; read-ahead stops at it.
     public var memoryBudget = MemoryBudget(limit: 64 << 20)
+    /// What the mount counts (`mount.cssp --stats`).
+    public var metrics = MountMetrics()
     /// Where fetched blocks are kept (nil: not kept beyond the open handle).
     public var blockCache: BlockCache? = nil
     /// Names this mount's store in the block cache (URL and container), so that mounts of

@@ -26,6 +26,8 @@ struct Uploader {
     let concurrency: Int
     /// Manifests whose parts are never deleted (see `SharedParts`).
     let sharedParts: SharedParts
+    /// Where a running upload shows its progress (`mount.cssp --status`).
+    let transfers: Transfers
 
     struct Result {
         var etag: String
@@ -39,11 +41,21 @@ struct Uploader {
         path: String, size: Int64, key: String, contentType: String, metadata: [String: String],
         early: EarlyParts? = nil, generations: [Int: UInt64] = [:]
     ) throws(ObjectStoreError) -> Result {
+        // The parts sent while the file was written showed as their own upload until now; this
+        // upload goes on from what they sent (parts sent again after a later write count twice,
+        // up to the total).
+        early?.stopShowing()
+        let continues = size > threshold && early?.partSize == Self.partSize(for: size, configured: partSize)
+        let progress = (continues ? early?.progress : nil) ?? TransferProgress()
+        progress.setTotal(size)
+        let id = transfers.begin(key: key, progress: progress)
+        defer { transfers.end(id) }
         let sent = early?.finish() ?? [:]
         if size <= threshold {
             if let early { deleteAll(prefix: early.partPrefix) }
             let etag = try store.put(
-                key: key, body: .file(path: path, offset: 0, length: size), contentType: contentType, metadata: metadata)
+                key: key, body: .file(path: path, offset: 0, length: size, progress: progress), contentType: contentType,
+                metadata: metadata)
             return Result(etag: etag, manifest: nil)
         }
         let partSize = Self.partSize(for: size, configured: self.partSize)
@@ -70,7 +82,7 @@ struct Uploader {
             let offset = Int64(index) * partSize
             let etag = try store.putPart(
                 key: partPrefix + Uploader.partName(index + 1),
-                body: .file(path: path, offset: offset, length: min(partSize, size - offset)))
+                body: .file(path: path, offset: offset, length: min(partSize, size - offset), progress: progress))
             etags.withLock { $0[index] = etag }
         }
         // The parts are checked before the manifest replaces the old version: a failure here

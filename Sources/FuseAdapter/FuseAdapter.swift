@@ -1,6 +1,7 @@
 import CFuse3
 import FileSystem
 import Logging
+import Metrics
 import SystemPackage
 
 #if canImport(Glibc)
@@ -31,11 +32,29 @@ public final class FuseAdapter: Sendable {
     public let filesystem: Filesystem
     public let configuration: FuseConfiguration
     let logger: Logger
+    let metrics: MountMetrics
+    /// The counter of each operation, looked up without a lock (the table never changes).
+    private let operationCounters: [String: Counter]
 
-    public init(filesystem: Filesystem, configuration: FuseConfiguration, logger: Logger) {
+    static let operationNames = [
+        "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink", "rmdir", "symlink",
+        "rename", "link", "create", "write", "open", "read", "flush", "fsync", "release", "opendir", "readdir",
+        "readdirplus", "releasedir", "fsyncdir", "statfs",
+    ]
+
+    public init(filesystem: Filesystem, configuration: FuseConfiguration, logger: Logger, metrics: MountMetrics = MountMetrics()) {
         self.filesystem = filesystem
         self.configuration = configuration
         self.logger = logger
+        self.metrics = metrics
+        var counters: [String: Counter] = [:]
+        for name in Self.operationNames { counters[name] = metrics.fuseOperations.labels(name) }
+        operationCounters = counters
+    }
+
+    /// Counts one operation the kernel asked for (`cssp_fuse_ops_total`).
+    func count(_ operation: String) {
+        (operationCounters[operation] ?? metrics.fuseOperations.labels(operation)).add()
     }
 
     static func adapter(_ request: fuse_req_t?) -> FuseAdapter {
@@ -49,11 +68,13 @@ public final class FuseAdapter: Sendable {
         _ body: (inout Reply?) throws(FSError) -> Void
     ) {
         if configuration.traceOperations { logger.debug("\(operation) \(detail())") }
+        count(operation)
         var pending: Reply? = consume reply
         do throws(FSError) {
             try body(&pending)
         } catch {
             let errno = Errno.forFilesystemError(error.code)
+            metrics.errors.labels(operation, errno.symbolicName).add()
             switch error.code {
             case .notFound, .notADirectory, .isADirectory, .readOnly, .notEmpty, .nameTooLong, .invalidArgument,
                 .notSupported, .notPermitted, .exists, .illegalByteSequence:
@@ -332,6 +353,7 @@ public final class FuseAdapter: Sendable {
     }
 
     func statfs(_ reply: consuming Reply) {
+        count("statfs")
         reply.statfs(filesystem.statistics())
     }
 

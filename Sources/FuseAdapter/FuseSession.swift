@@ -140,11 +140,15 @@ private func makeOperations() -> fuse_lowlevel_ops {
         adapter.lookup(Reply(request!), parent: parent, name: FuseAdapter.decode(name!))
     }
     ops.forget = { request, inode, count in
-        FuseAdapter.adapter(request).filesystem.forget(inode, count: count)
+        let adapter = FuseAdapter.adapter(request)
+        adapter.count("forget")
+        adapter.filesystem.forget(inode, count: count)
         Reply(request!).none()
     }
     ops.forget_multi = { request, count, forgets in
-        let filesystem = FuseAdapter.adapter(request).filesystem
+        let adapter = FuseAdapter.adapter(request)
+        adapter.count("forget")
+        let filesystem = adapter.filesystem
         for i in 0..<count {
             filesystem.forget(forgets![i].ino, count: forgets![i].nlookup)
         }
@@ -201,7 +205,9 @@ private func makeOperations() -> fuse_lowlevel_ops {
         FuseAdapter.adapter(request).flush(Reply(request!), handle: info!.pointee.fh, operation: "fsync")
     }
     ops.release = { request, _, info in
-        FuseAdapter.adapter(request).filesystem.release(handle: info!.pointee.fh)
+        let adapter = FuseAdapter.adapter(request)
+        adapter.count("release")
+        adapter.filesystem.release(handle: info!.pointee.fh)
         Reply(request!).ok()
     }
     ops.opendir = { request, inode, info in
@@ -216,10 +222,15 @@ private func makeOperations() -> fuse_lowlevel_ops {
             Reply(request!), inode: inode, handle: info!.pointee.fh, offset: Int64(offset), size: size)
     }
     ops.releasedir = { request, _, info in
-        FuseAdapter.adapter(request).filesystem.releasedir(handle: info!.pointee.fh)
+        let adapter = FuseAdapter.adapter(request)
+        adapter.count("releasedir")
+        adapter.filesystem.releasedir(handle: info!.pointee.fh)
         Reply(request!).ok()
     }
-    ops.fsyncdir = { request, _, _, _ in Reply(request!).ok() }
+    ops.fsyncdir = { request, _, _, _ in
+        FuseAdapter.adapter(request).count("fsyncdir")
+        Reply(request!).ok()
+    }
     ops.statfs = { request, _ in FuseAdapter.adapter(request).statfs(Reply(request!)) }
     return ops
 }

@@ -3,6 +3,7 @@ import BlockCache
 import FileSystem
 import FuseAdapter
 import Logging
+import Metrics
 import MountCSSPConfig
 import ObjectStore
 import ObjectStoreHTTP
@@ -54,6 +55,17 @@ enum MountCommand {
             return ExitStatus.success
         case .mount(let options):
             return mount(options)
+        case .ask(let question, let mountpoint):
+            var defaults = MountOptions(endpoint: try! Endpoint(parsing: "http://localhost/c"), mountpoint: mountpoint)
+            defaults.cacheDirectory = nil
+            let ownCache = cacheDirectory(defaults, environment())
+            switch ControlClient.ask(question.rawValue, mountpoint: mountpoint, callerCacheDirectory: ownCache) {
+            case .success(let answer):
+                print(answer, terminator: "")
+                return ExitStatus.success
+            case .failure(let error):
+                return fail(error.description, ExitStatus.mountFailure)
+            }
         }
     }
 
@@ -188,9 +200,12 @@ enum MountCommand {
             }
         }
 
+        let metrics = MountMetrics()
         let store = HTTPObjectStore(
-            configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8)
+            configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8,
+            metrics: metrics)
         var fsConfiguration = FilesystemConfiguration()
+        fsConfiguration.metrics = metrics
         fsConfiguration.rootPrefix = options.endpoint.prefix
         fsConfiguration.uid = options.uid ?? getuid()
         fsConfiguration.gid = options.gid ?? getgid()
@@ -206,9 +221,23 @@ enum MountCommand {
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
         let cacheDirectory = cacheDirectory(options, env)
         if let problem = unsafeSharedDirectory(cacheDirectory, options, env) { return fail(problem, ExitStatus.usage) }
-        fsConfiguration.blockCache = BlockCache.open(
+        let blockCache = BlockCache.open(
             path: cacheDirectory + "/blocks.db", capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory),
             blockSize: options.cacheBlockKiB << 10, logger: logger)
+        fsConfiguration.blockCache = blockCache
+        metrics.registry.gauge("cssp_cache_bytes", help: "Bytes the block cache holds (stored blocks).") {
+            Double(blockCache?.storedBytes() ?? 0)
+        }
+        metrics.registry.gauge("cssp_cache_limit_bytes", help: "The block cache's size cap (cache_size).") {
+            Double(blockCache?.capacity ?? 0)
+        }
+        let budget = fsConfiguration.memoryBudget
+        metrics.registry.gauge("cssp_memory_fetched_bytes", help: "Fetched data readers hold in memory now.") {
+            Double(budget.inUse)
+        }
+        metrics.registry.gauge("cssp_memory_limit_bytes", help: "The budget for fetched data (memory_mb).") {
+            Double(budget.limit)
+        }
         // Credentials are not part of it: blocks are also checked by ETag, which is the content's MD5.
         fsConfiguration.cacheIdentity = options.endpoint.baseURL + "/" + options.endpoint.container
         fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
@@ -228,7 +257,7 @@ enum MountCommand {
         fuseConfiguration.negativeTimeout = options.negativeTimeout
         fuseConfiguration.maxThreads = options.maxThreads
         fuseConfiguration.traceOperations = options.debug
-        let adapter = FuseAdapter(filesystem: filesystem, configuration: fuseConfiguration, logger: logger)
+        let adapter = FuseAdapter(filesystem: filesystem, configuration: fuseConfiguration, logger: logger, metrics: metrics)
 
         var kernelOptions = ["fsname=" + mountTableName(options.fsname ?? options.endpoint.url), "subtype=cssp"]
         if options.allowOther { kernelOptions.append("allow_other") }
@@ -251,6 +280,10 @@ enum MountCommand {
             session.daemonize()
             LogSink.shared.switchToSyslog()
         }
+        // After daemonize: the fork keeps only the calling thread.
+        let control = startControlServer(
+            options, cacheDirectory: cacheDirectory, metrics: metrics, transfers: filesystem.transfers, logger: logger)
+        defer { control?.stop() }
         if !options.readOnly {
             Thread.detached { filesystem.recoverPendingUploads() }
         }
@@ -259,7 +292,6 @@ enum MountCommand {
             Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }
         }
         let rc = session.run()
-        let budget = fsConfiguration.memoryBudget
         logger.info(
             "unmounted \(options.mountpoint); fetched data held at most \(budget.peak >> 20) MiB at once (memory_mb=\(budget.limit >> 20))")
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
@@ -317,29 +349,31 @@ enum MountCommand {
     /// Whether /proc/mounts lists a csspfs mount on `path` (stacking a second one hides the first).
     /// `resolvingLast` false: only the parent is resolved (a dead mount cannot be looked at).
     static func isCSSPMount(_ path: String, resolvingLast: Bool = true) -> Bool {
-        var resolved = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        var target: String
-        if resolvingLast {
-            guard realpath(path, &resolved) != nil else { return false }
-            target = String(cString: resolved)
-        } else {
-            var trimmed = Substring(path)
-            while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed = trimmed.dropLast() }
-            guard let slash = trimmed.lastIndex(of: "/") else { return false }
-            let parent = slash == trimmed.startIndex ? "/" : String(trimmed[..<slash])
-            guard realpath(parent, &resolved) != nil else { return false }
-            let base = String(cString: resolved)
-            target = (base == "/" ? "" : base) + "/" + trimmed[trimmed.index(after: slash)...]
+        guard let target = MountTable.canonical(path, resolvingLast: resolvingLast) else { return false }
+        return MountTable.csspfsMounts().contains { $0.path == target }
+    }
+
+    /// The control socket of `--stats` and `--status`; a mount without one still works (logged).
+    static func startControlServer(
+        _ options: MountOptions, cacheDirectory: String, metrics: MountMetrics, transfers: Transfers, logger: Logger
+    ) -> ControlServer? {
+        guard let directory = ControlSocket.directory(uid: getuid(), cacheDirectory: cacheDirectory) else { return nil }
+        let mountpoint = MountTable.canonical(options.mountpoint, resolvingLast: false) ?? options.mountpoint
+        let path = directory + "/" + ControlSocket.name(mountpoint: mountpoint)
+        do {
+            let server = try ControlServer(path: path) { question in
+                switch ControlQuestion(rawValue: question) {
+                case .stats: return metrics.registry.render()
+                case .status: return transfers.report()
+                case nil: return "unknown question '\(question)': ask stats or status\n"
+                }
+            }
+            server.start()
+            return server
+        } catch {
+            logger.warning("no --stats or --status for this mount: \(error)")
+            return nil
         }
-        guard let file = fopen("/proc/mounts", "r") else { return false }
-        defer { fclose(file) }
-        target = target.split(separator: " ", omittingEmptySubsequences: false).joined(separator: "\\040")
-        var line = [CChar](repeating: 0, count: 8192)
-        while fgets(&line, Int32(line.count), file) != nil {
-            let fields = String(cString: line).split(separator: " ")
-            if fields.count > 2 && fields[1] == target && fields[2] == "fuse.cssp" { return true }
-        }
-        return false
     }
 
     /// `-o cache_dir`, else /var/cache/csspfs for root, else $XDG_CACHE_HOME/csspfs or ~/.cache/csspfs.
@@ -369,10 +403,8 @@ enum MountCommand {
 
     /// One spool per mounted URL, so two mounts never share a spool (a readable, stable name).
     static func spoolName(for endpoint: Endpoint) -> String {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in endpoint.url.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
         let safe = endpoint.container.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" ? $0 : "_" }
-        return String(safe.prefix(40)) + "-" + String(hash, radix: 16)
+        return String(safe.prefix(40)) + "-" + String(stableHash(endpoint.url), radix: 16)
     }
 
     /// libfuse splits options at commas, so escape them in the name shown in the mount table.

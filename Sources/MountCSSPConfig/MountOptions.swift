@@ -62,6 +62,12 @@ public enum Command: Sendable, Equatable {
     case mount(MountOptions)
     case help
     case version
+    /// `--stats MOUNTPOINT`, `--status MOUNTPOINT`: ask the running mount's daemon.
+    case ask(ControlQuestion, mountpoint: String)
+}
+
+public enum ControlQuestion: String, Sendable, Equatable {
+    case stats, status
 }
 
 /// Parses `mount.cssp URL MOUNTPOINT [-o opt[,opt…]] [-f] [-d] [-s] [-n] [-v]`, the mount(8)
@@ -96,6 +102,13 @@ public enum Arguments {
             switch argument {
             case "-h", "--help": return .help
             case "-V", "--version": return .version
+            case "--stats", "--status":
+                let question: ControlQuestion = argument == "--stats" ? .stats : .status
+                let rest = positionals + arguments[index...].filter { !$0.hasPrefix("-") }
+                guard rest.count == 1 else {
+                    throw ConfigurationError("usage: mount.cssp \(argument) MOUNTPOINT")
+                }
+                return .ask(question, mountpoint: rest[rest.startIndex])
             case "-f": if calledByMount { fake = true } else { foreground = true }
             case "-d": debug = true; foreground = true
             case "-s", "-n": break  // mount(8): sloppy, no mtab; nothing to do.
@@ -266,6 +279,7 @@ public enum Arguments {
 
     public static let usage = """
         usage: mount.cssp URL MOUNTPOINT [-o option[,option...]] [-f] [-d]
+               mount.cssp --stats MOUNTPOINT | --status MOUNTPOINT
 
         Mounts the CSSP container at URL (http(s)://HOST[:PORT]/CONTAINER[/PREFIX]) on MOUNTPOINT.
 
@@ -276,6 +290,8 @@ public enum Arguments {
           -s, -n                 accepted for mount(8), ignored
           -v                     log mounts and unmounts (info level)
           -h, --help             this text;  -V, --version  the version
+          --stats MOUNTPOINT     the running mount's statistics (Prometheus text format)
+          --status MOUNTPOINT    uploads in progress and owed, for people
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600

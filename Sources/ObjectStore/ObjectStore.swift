@@ -6,6 +6,7 @@
 // 3. ETags are stored unquoted, lower-case hex; a DLO's ETag is the MD5 of its parts' ETags.
 // 4. Every call is synchronous and may block: callers run them on FUSE worker threads or on a
 //    pool they own, never on Swift's cooperative pool.
+import Synchronization
 
 /// The part of a container listing below one prefix, one page long.
 public struct ListPage: Sendable, Equatable {
@@ -110,8 +111,29 @@ public struct ByteRange: Sendable, Equatable {
 /// The body of a PUT.
 public enum PutBody: Sendable {
     case bytes([UInt8])
-    /// `length` bytes of the file at `path` starting at `offset`.
-    case file(path: String, offset: Int64, length: Int64)
+    /// `length` bytes of the file at `path` starting at `offset`; `progress` counts what is sent.
+    case file(path: String, offset: Int64, length: Int64, progress: TransferProgress? = nil)
+}
+
+/// Bytes of an upload sent so far, shared by its parts (`mount.cssp --status`). An attempt that
+/// fails takes back what it had sent: a retry sends it again.
+public final class TransferProgress: Sendable {
+    private let done = Atomic<Int64>(0)
+    private let total: Atomic<Int64>
+
+    public init(total: Int64 = 0) { self.total = Atomic(total) }
+
+    public var bytesDone: Int64 { done.load(ordering: .relaxed) }
+    /// The bytes the upload will send in all (known so far, for a file still being written).
+    public var bytesTotal: Int64 { total.load(ordering: .relaxed) }
+
+    public func setTotal(_ bytes: Int64) {
+        total.store(bytes, ordering: .relaxed)
+    }
+
+    public func add(_ bytes: Int64) {
+        done.add(bytes, ordering: .relaxed)
+    }
 }
 
 /// A container of a CSSP store. Implementations are thread-safe.

@@ -1,5 +1,6 @@
 import CCurl
 import Logging
+import Metrics
 import ObjectStore
 
 #if canImport(Glibc)
@@ -55,13 +56,19 @@ public final class HTTPObjectStore: ObjectStore {
     public let configuration: HTTPStoreConfiguration
     private let pool: CurlHandlePool
     private let logger: Logger
+    /// Requests, their times, bytes and retries are counted here (`mount.cssp --stats`).
+    public let metrics: MountMetrics
 
     public var containerName: String { configuration.container }
 
-    public init(configuration: HTTPStoreConfiguration, logger: Logger, maxIdleConnections: Int = 32) {
+    public init(
+        configuration: HTTPStoreConfiguration, logger: Logger, maxIdleConnections: Int = 32,
+        metrics: MountMetrics = MountMetrics()
+    ) {
         self.configuration = configuration
         self.pool = CurlHandlePool(maxIdle: maxIdleConnections)
         self.logger = logger
+        self.metrics = metrics
     }
 
     // MARK: ObjectStore
@@ -283,6 +290,7 @@ public final class HTTPObjectStore: ObjectStore {
                     return Response(status: 204, headers: [:], body: [])
                 }
                 guard error.isRetryable, attempt < (request.maxAttempts ?? configuration.maxAttempts) else { throw error }
+                metrics.retries.labels(failure.status > 0 ? String(failure.status) : "network").add()
                 // A server that says when to come back is believed (up to retryAfterCap).
                 let delay = max(backoff(attempt: attempt), min(failure.retryAfter ?? 0, configuration.retryAfterCap))
                 logger.debug(
@@ -330,6 +338,8 @@ public final class HTTPObjectStore: ObjectStore {
         var versionETag: String? = nil
         /// Seconds the server asked to wait (`Retry-After`).
         var retryAfter: Double? = nil
+        /// The HTTP status of the answer, 0 when none came.
+        var status = 0
     }
 
     /// The bytes a request moves when known up front (its deadline grows with them); nil for a
@@ -347,7 +357,7 @@ public final class HTTPObjectStore: ObjectStore {
     private func uploadLength(of request: Request) -> Int64 {
         switch request.body {
         case .bytes(let bytes)?: return Int64(bytes.count)
-        case .file(_, _, let length)?: return length
+        case .file(_, _, let length, _)?: return length
         case nil: return 0
         }
     }
@@ -362,11 +372,30 @@ public final class HTTPObjectStore: ObjectStore {
         return url
     }
 
+    /// One attempt, counted in the metrics. A failed one takes back the upload progress it made.
     private func performOnce(_ request: Request, sink: ((UnsafeRawBufferPointer) -> Void)?)
         -> Result<Response, AttemptFailure>
     {
         let context = TransferContext()
-        if case .some(.file(let path, let offset, let length)) = request.body {
+        var start = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &start)
+        let result = attempt(request, sink: sink, context: context)
+        var end = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &end)
+        let seconds = Double(end.tv_sec - start.tv_sec) + Double(end.tv_nsec - start.tv_nsec) / 1e9
+        metrics.requests.labels(request.method, context.status > 0 ? String(context.status) : "none").add()
+        metrics.requestSeconds.observe(seconds, request.method)
+        metrics.bytesSent.add(context.sent)
+        metrics.bytesReceived.add(context.delivered + Int64(context.body.count))
+        if case .failure = result { context.progress?.add(-context.sent) }
+        return result
+    }
+
+    private func attempt(_ request: Request, sink: ((UnsafeRawBufferPointer) -> Void)?, context: TransferContext)
+        -> Result<Response, AttemptFailure>
+    {
+        if case .some(.file(let path, let offset, let length, let progress)) = request.body {
+            context.progress = progress
             let fd = open(path, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else {
                 let reason = String(cString: strerror(errno))
@@ -477,7 +506,7 @@ public final class HTTPObjectStore: ObjectStore {
         return .failure(
             AttemptFailure(
                 error: error(for: response, request: request), delivered: context.delivered,
-                retryAfter: Self.retryAfter(response.headers["retry-after"])))
+                retryAfter: Self.retryAfter(response.headers["retry-after"]), status: response.status))
     }
 
     /// Turns a non-2xx response into a typed error whose message says what to do.
@@ -608,7 +637,7 @@ public final class HTTPObjectStore: ObjectStore {
         switch body {
         case .bytes(let bytes):
             return MD5.hex(of: bytes)
-        case .file(let path, let offset, let length):
+        case .file(let path, let offset, let length, _):
             let fd = open(path, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else {
                 throw ObjectStoreError(.localIO, "cannot read \(path): \(String(cString: strerror(errno)))")
@@ -658,6 +687,9 @@ final class TransferContext {
     var delivered: Int64 = 0
     var upload: Upload?
     var uploadError = false
+    /// Body bytes sent by this attempt, and the upload's progress they also count in.
+    var sent: Int64 = 0
+    var progress: TransferProgress?
     /// Fed with every byte sent, when the request hashes its body.
     var md5: MD5?
 
@@ -746,6 +778,7 @@ private let curlRead: cssp_curl_data_cb = { ptr, size, count, user in
         }
         context.upload = .bytes(bytes, position: position + n)
         if n > 0 { context.md5?.update(UnsafeRawBufferPointer(start: ptr, count: n)) }
+        context.sent += Int64(n)
         return n
     case .file(let fd, let offset, let remaining):
         let want = min(capacity, Int(remaining))
@@ -758,6 +791,8 @@ private let curlRead: cssp_curl_data_cb = { ptr, size, count, user in
         }
         context.upload = .file(fd: fd, offset: offset + Int64(n), remaining: remaining - Int64(n))
         context.md5?.update(UnsafeRawBufferPointer(start: ptr, count: n))
+        context.sent += Int64(n)
+        context.progress?.add(Int64(n))
         return n
     case nil:
         return 0

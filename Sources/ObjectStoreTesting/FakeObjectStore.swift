@@ -182,7 +182,9 @@ public final class FakeObjectStore: ObjectStore {
         let bytes: [UInt8]
         switch body {
         case .bytes(let b): bytes = b
-        case .file(let path, let offset, let length): bytes = try Self.readFile(path, offset: offset, length: length)
+        case .file(let path, let offset, let length, let progress):
+            bytes = try Self.readFile(path, offset: offset, length: length)
+            progress?.add(length)
         }
         if let failure = state.withLock({ s -> ObjectStoreError? in
             guard s.failPuts > 0 else { return nil }

@@ -78,6 +78,23 @@ struct FilesystemCacheTests {
         #expect(store.counts.get == 1)
     }
 
+    /// Issue 11: `cssp_cache_hits_total` and `cssp_cache_misses_total` count the blocks reads
+    /// found, and did not find, in the cache.
+    @Test func readsCountTheirBlocksAsCacheHitsOrMisses() throws {
+        let store = FakeObjectStore()
+        let data = content(8 * Self.block)
+        store.seed("f", data)
+        let fs = makeFilesystem(store)
+        let metrics = fs.configuration.metrics
+        #expect(try readAll(fs, "f", chunk: Self.block) == data)
+        #expect(metrics.cacheHits.value == 0)
+        #expect(metrics.cacheMisses.value == 8)
+        fs.waitForCacheWrites()
+        #expect(try readAll(fs, "f", chunk: Self.block) == data)
+        #expect(metrics.cacheHits.value == 8)
+        #expect(metrics.cacheMisses.value == 8)
+    }
+
     /// The group around a random read is speculative, like read-ahead: with the memory budget
     /// spent (by other readers) only the block asked for is fetched.
     @Test func aRandomReadFetchesOnlyItsBlockWhenTheMemoryBudgetIsSpent() throws {

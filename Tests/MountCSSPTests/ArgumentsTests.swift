@@ -206,3 +206,12 @@ struct OptionDocumentationTests {
         }
     }
 }
+
+struct ControlQuestionTests {
+    @Test func statsAndStatusTakeOneMountpoint() throws {
+        #expect(try Arguments.parse(["--stats", "/mnt/x"]) == .ask(.stats, mountpoint: "/mnt/x"))
+        #expect(try Arguments.parse(["/mnt/x", "--status"]) == .ask(.status, mountpoint: "/mnt/x"))
+        #expect(throws: ConfigurationError.self) { try Arguments.parse(["--stats"]) }
+        #expect(throws: ConfigurationError.self) { try Arguments.parse(["--status", "/a", "/b"]) }
+    }
+}

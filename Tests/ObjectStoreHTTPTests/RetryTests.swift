@@ -85,6 +85,27 @@ struct RetryTests {
         #expect(heads[1].time - heads[0].time >= 0.95, "retried after \(heads[1].time - heads[0].time) s, Retry-After: 1")
     }
 
+    /// Issue 11: every attempt is counted by method and status, the retry by its cause, and the
+    /// bytes each way.
+    @Test func attemptsRetriesAndBytesAreCounted() throws {
+        let server = try LocalHTTPServer(script: Self.server)
+        let store = server.store()
+        _ = try store.head(key: "throttled")
+        try store.put(key: "new", body: .bytes(Array(repeating: 1, count: 1000)), contentType: nil, metadata: [:])
+        let metrics = store.metrics
+        #expect(metrics.requests.value("HEAD", "503") == 1)
+        #expect(metrics.requests.value("HEAD", "200") == 1)
+        #expect(metrics.requests.value("PUT", "201") == 1)
+        #expect(metrics.retries.value("503") == 1)
+        #expect(metrics.requestSeconds.count("HEAD") == 2)
+        #expect(metrics.bytesSent.value == 1000)
+        #expect(metrics.bytesReceived.value == 0)
+        let text = metrics.registry.render()
+        #expect(text.contains(#"cssp_requests_total{method="HEAD",status="503"} 1"#))
+        #expect(text.contains(#"cssp_retries_total{reason="503"} 1"#))
+        #expect(text.contains(#"cssp_request_seconds_count{method="PUT"} 1"#))
+    }
+
     @Test func aDeleteWhoseAnswerWasLostIsDone() throws {
         let server = try LocalHTTPServer(script: Self.server)
         try server.store().delete(key: "object")

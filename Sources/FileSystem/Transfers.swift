@@ -1,0 +1,133 @@
+import Locking
+import ObjectStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Uploads running now and uploads owed (failed, waiting for their retry), for
+/// `mount.cssp --status` and the upload gauges of `--stats`. The uploader registers what it
+/// sends for as long as it sends it; the filesystem records each owed spool's last failure and
+/// next try here, beside the spool's own lifecycle (`SpoolState`), which it does not change.
+public final class Transfers: Sendable {
+    /// One upload in progress.
+    public struct Running: Sendable {
+        public var key: String
+        public var progress: TransferProgress
+        /// Monotonic seconds when it started.
+        public var started: Double
+        public var total: Int64 { progress.bytesTotal }
+        public var done: Int64 { min(total, progress.bytesDone) }
+    }
+
+    /// One upload owed.
+    public struct Owed: Sendable {
+        public var key: String
+        public var size: Int64
+        /// Failed attempts so far.
+        public var tries: Int
+        public var lastError: String
+        /// Monotonic seconds (`Transfers.monotonic`) of the next try; nil while a handle is
+        /// open (its next flush or close tries again).
+        public var nextTry: Double?
+    }
+
+    private struct State {
+        var nextID = 0
+        var running: [Int: Running] = [:]
+        var owed: [InodeNumber: Owed] = [:]
+    }
+
+    private let state = Locked(State())
+
+    public init() {}
+
+    /// Registers an upload to `key` (its total in `progress`); `end` with the returned id removes it.
+    func begin(key: String, progress: TransferProgress) -> Int {
+        state.withLock { s in
+            s.nextID += 1
+            s.running[s.nextID] = Running(key: key, progress: progress, started: Self.monotonic())
+            return s.nextID
+        }
+    }
+
+    func end(_ id: Int) {
+        state.withLock { _ = $0.running.removeValue(forKey: id) }
+    }
+
+    /// An upload of the file `inode` failed: it is owed until stored.
+    func recordFailure(_ inode: InodeNumber, key: String, size: Int64, error: String) {
+        state.withLock { s in
+            let tries = (s.owed[inode]?.tries ?? 0) + 1
+            s.owed[inode] = Owed(key: key, size: size, tries: tries, lastError: error, nextTry: nil)
+        }
+    }
+
+    /// The owed upload of `inode` is tried again in `delay` seconds.
+    func scheduleRetry(_ inode: InodeNumber, in delay: Double) {
+        state.withLock { s in s.owed[inode]?.nextTry = Self.monotonic() + delay }
+    }
+
+    func clearOwed(_ inode: InodeNumber) {
+        state.withLock { _ = $0.owed.removeValue(forKey: inode) }
+    }
+
+    public var running: [Running] { state.withLock { Array($0.running.values) }.sorted { $0.started < $1.started } }
+    public var owed: [Owed] {
+        state.withLock { Array($0.owed.values) }.sorted { ($0.nextTry ?? 0, $0.key) < ($1.nextTry ?? 0, $1.key) }
+    }
+
+    /// Seconds of CLOCK_MONOTONIC, the clock of `started` and `nextTry`.
+    public static func monotonic() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    /// The human view of `mount.cssp --status`: each upload in progress with its bytes done of
+    /// its total and its rate, each owed upload with its tries, last error and next try.
+    public func report(now: Double = Transfers.monotonic()) -> String {
+        let running = self.running, owed = self.owed
+        var out = "uploads in progress: \(running.count)\n"
+        for upload in running {
+            let seconds = max(now - upload.started, 0.001)
+            let percent = upload.total > 0 ? upload.done * 100 / upload.total : 100
+            out += "  \(upload.key): \(Self.bytes(upload.done)) of \(Self.bytes(upload.total)) (\(percent)%), "
+                + "\(Self.bytes(Int64(Double(upload.done) / seconds)))/s for \(Self.seconds(seconds))\n"
+        }
+        out += "uploads owed: \(owed.count)\n"
+        for upload in owed {
+            let next: String
+            if let at = upload.nextTry {
+                next = at > now ? "next in \(Self.seconds(at - now))" : "retrying now"
+            } else {
+                next = "next at the next close or fsync of the open file"
+            }
+            out += "  \(upload.key): \(Self.bytes(upload.size)), \(upload.tries) \(upload.tries == 1 ? "try" : "tries") failed, "
+                + next + "; last error: \(upload.lastError)\n"
+        }
+        return out
+    }
+
+    /// 1536 → "1.5 KiB".
+    static func bytes(_ count: Int64) -> String {
+        let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+        var value = Double(count)
+        var unit = 0
+        while value >= 1024 && unit < units.count - 1 {
+            value /= 1024
+            unit += 1
+        }
+        if unit == 0 { return "\(count) B" }
+        let tenths = Int((value * 10).rounded())
+        return "\(tenths / 10).\(tenths % 10) \(units[unit])"
+    }
+
+    /// 75.2 → "75 s", 3700 → "1 h 1 min".
+    static func seconds(_ value: Double) -> String {
+        let whole = Int(value.rounded(.up))
+        if whole < 120 { return "\(whole) s" }
+        if whole < 3600 { return "\(whole / 60) min \(whole % 60) s" }
+        return "\(whole / 3600) h \(whole % 3600 / 60) min"
+    }
+}

@@ -1,0 +1,101 @@
+import Foundation
+import ObjectStore
+import ObjectStoreHTTP
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue 11 through the real binary: `mount.cssp --stats` and `--status` ask the running daemon
+/// over its control socket.
+@Suite(.serialized)
+struct StatusTests {
+    /// The value of the sample `name` (with its labels, as printed) in a `--stats` answer.
+    static func sample(_ text: String, _ name: String) -> Double? {
+        for line in text.split(separator: "\n") where line.hasPrefix(name + " ") {
+            return Double(line.dropFirst(name.count + 1))
+        }
+        return nil
+    }
+
+    @Test func statsPrintsEveryDocumentedMetricWithWhatTheMountDid() throws {
+        let environment = try Environment.load()
+        let container = "stats-" + UUID().uuidString.prefix(6).lowercased()
+        let store = environment.store(container: container)
+        try store.createContainer()
+        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "cache_size=100M"])
+        let bytes = [UInt8](repeating: 42, count: 300_000)
+        try Data(bytes).write(to: URL(fileURLWithPath: mount.path("f.bin")))
+        let d = quoted(mount.path("d"))
+        #expect(try shell("mkdir \(d) && touch \(d)/x && rmdir \(d) 2>/dev/null").status != 0)
+        let result = try shell("\(quoted(environment.binary)) --stats \(quoted(mount.directory))")
+        #expect(result.status == 0, "\(result.stderr)")
+        let text = result.stdout
+        for name in [
+            "cssp_requests_total", "cssp_request_seconds", "cssp_bytes_sent_total", "cssp_bytes_received_total",
+            "cssp_retries_total", "cssp_cache_hits_total", "cssp_cache_misses_total", "cssp_cache_bytes",
+            "cssp_cache_limit_bytes", "cssp_uploads_in_progress", "cssp_upload_bytes_done", "cssp_upload_bytes_total",
+            "cssp_pending_uploads", "cssp_fuse_ops_total", "cssp_errors_total",
+        ] {
+            #expect(text.contains("# TYPE \(name) "), "\(name) missing")
+        }
+        #expect((Self.sample(text, #"cssp_requests_total{method="PUT",status="201"}"#) ?? 0) >= 1)
+        #expect((Self.sample(text, "cssp_bytes_sent_total") ?? 0) >= 300_000)
+        #expect((Self.sample(text, #"cssp_fuse_ops_total{op="write"}"#) ?? 0) >= 1)
+        #expect(Self.sample(text, #"cssp_errors_total{op="rmdir",errno="ENOTEMPTY"}"#) == 1)
+        #expect(Self.sample(text, "cssp_cache_limit_bytes") == Double(100 << 20))
+        #expect(Self.sample(text, "cssp_pending_uploads") == 0)
+        // Nothing secret: neither the key nor the secret.
+        #expect(!text.contains(environment.secret) && !text.contains(environment.accessKey))
+        #expect(try mount.unmount() == 0)
+        // Gone with the daemon: a clear line, not a hang.
+        let after = try shell("\(quoted(environment.binary)) --stats \(quoted(mount.directory))")
+        #expect(after.status != 0 && after.stderr.contains("is not a csspfs mount"), "\(after.stderr)")
+    }
+
+    /// During an outage (every PUT of the file answered 503) the failed file is listed as owed with
+    /// its tries and the server's answer; once the server is back it is stored and the list empties.
+    @Test func statusListsAnOwedUploadDuringAnOutage() throws {
+        let environment = try Environment.load()
+        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+        }
+        let container = "status-" + UUID().uuidString.prefix(6).lowercased()
+        let store = environment.store(container: container)
+        try store.createContainer()
+        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "retries=1"])
+        defer { try? FileManager.default.removeItem(atPath: faultFile) }
+        try "PUT status=503 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        // cp checks what close returns (a shell redirection does not).
+        let source = NSTemporaryDirectory() + "cssp-e2e-" + container + ".txt"
+        try "owed\n".write(toFile: source, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let write = try shell("cp \(quoted(source)) \(quoted(mount.path("owed.txt")))")
+        #expect(write.status != 0 && write.stderr.contains("Input/output error"), "\(write.stderr)")
+        let status = try shell("\(quoted(environment.binary)) --status \(quoted(mount.directory))")
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(status.stdout.contains("uploads owed: 1\n  owed.txt: 5 B, "), "\(status.stdout)")
+        #expect(status.stdout.contains("last error: upload 'owed.txt'") && status.stdout.contains("503"), "\(status.stdout)")
+        let stats = try shell("\(quoted(environment.binary)) --stats \(quoted(mount.directory))").stdout
+        #expect(Self.sample(stats, "cssp_pending_uploads") == 1)
+        #expect((Self.sample(stats, #"cssp_retries_total{reason="503"}"#) ?? 0) >= 1)
+        #expect((Self.sample(stats, #"cssp_requests_total{method="PUT",status="503"}"#) ?? 0) >= 2)
+        // The server is back: the scheduled retry stores it (within its backoff, ~2 s).
+        try FileManager.default.removeItem(atPath: faultFile)
+        let deadline = Date().addingTimeInterval(30)
+        var now = ""
+        repeat {
+            now = try shell("\(quoted(environment.binary)) --status \(quoted(mount.directory))").stdout
+            if now.contains("uploads owed: 0") { break }
+            usleep(100_000)
+        } while Date() < deadline
+        #expect(now.contains("uploads owed: 0"), "\(now)")
+        #expect(try store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
+        #expect(try mount.unmount() == 0)
+    }
+}
