@@ -29,7 +29,11 @@ extension Filesystem {
     struct PrefetchJob: Sendable {
         var parent: InodeNumber
         var entry: DirectoryEntry
-        /// The node's attribute version when the job was queued (see `apply`).
+        /// The node the name led to when the job was queued (nil: none of the entry's kind), and
+        /// its attribute version then (see `InodeTable.answerTarget`): the answer may reach only
+        /// that node, unchanged since. Another node that takes the name later (mkdir, a rename
+        /// over it) also starts at version 0.
+        var inode: InodeNumber?
         var version: UInt64
     }
 
@@ -85,12 +89,12 @@ extension Filesystem {
         let now = self.now()
         let wanted = entries.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
-        let versions: [ExactString: UInt64] = state.withLock { s in
-            var versions: [ExactString: UInt64] = [:]
+        let targets: [ExactString: (inode: InodeNumber?, version: UInt64)] = state.withLock { s in
+            var targets: [ExactString: (inode: InodeNumber?, version: UInt64)] = [:]
             for entry in wanted {
-                if let node = s.inodes.child(parent, entry.name) { versions[entry.name.exact] = node.attributeVersion }
+                targets[entry.name.exact] = s.inodes.answerTarget(parent: parent, name: entry.name, kind: entry.kind)
             }
-            return versions
+            return targets
         }
         let start: Int = prefetch.withLock { p in
             guard !p.stopped else { return 0 }
@@ -111,7 +115,8 @@ extension Filesystem {
                 }
                 queued += 1
                 p.slots[entry.key.exact] = .queued
-                p.queue.append(PrefetchJob(parent: parent, entry: entry, version: versions[entry.name.exact] ?? 0))
+                let target = targets[entry.name.exact]
+                p.queue.append(PrefetchJob(parent: parent, entry: entry, inode: target?.inode, version: target?.version ?? 0))
             }
             let idle = Self.prefetchConcurrency - p.workers
             let starting = max(0, min(idle, p.queue.count - p.next))
@@ -193,14 +198,23 @@ extension Filesystem {
 
     /// Records a HEAD's answer, wakes waiters, and hands the answer to a node the kernel knows.
     private func finishPrefetch(_ job: PrefetchJob, answer: ObjectInfo??, group: DispatchGroup) {
-        let entry = job.entry
-        let recorded = recordPrefetched(entry, answer: answer, fromWorker: true)
+        let recorded = recordPrefetched(job.entry, answer: answer, fromWorker: true)
         group.leave()
         guard recorded, let answer else { return }
+        applyPrefetched(job, answer: answer)
+    }
+
+    /// Hands a recorded answer to the node it was asked for. This runs after `recordPrefetched`,
+    /// in a critical section of its own: a rename, mkdir or rmdir may run in between, and its
+    /// `forgetPrefetched` finds the answer recorded, not running, so nothing marks it stale.
+    /// Hence the check that the name still leads to the same node.
+    func applyPrefetched(_ job: PrefetchJob, answer: ObjectInfo?) {
+        let entry = job.entry
         state.withLock { s in
-            // The node the listed name leads to now, if it still describes the listed object.
-            guard let node = s.inodes.child(job.parent, entry.name), node.kind == entry.kind, node.key.isSameKey(as: entry.key),
-                s.openFiles[node.inode] == nil
+            // The node the listed name leads to now, if it is the node the HEAD was asked for
+            // and still describes the listed object.
+            guard let node = s.inodes.child(job.parent, entry.name), node.inode == job.inode, node.kind == entry.kind,
+                node.key.isSameKey(as: entry.key), s.openFiles[node.inode] == nil
             else { return }
             s.inodes.update(node.inode) { node in
                 switch entry.kind {

@@ -246,7 +246,7 @@ public final class Filesystem: Sendable {
         var info: ObjectInfo? = headed
         var markerChecked = false
         var fresh = false
-        let version = state.withLock { s in s.inodes.child(parent, name)?.attributeVersion } ?? 0
+        let version = state.withLock { s in s.inodes.attributeVersion(parent: parent, name: name, kind: entry.kind) }
         let needsHead = (entry.kind == .file && entry.size == 0) || entry.kind == .directory
         if info != nil {
             // Described by the HEAD already.
@@ -537,7 +537,7 @@ public final class Filesystem: Sendable {
                 case .dot: return nil
                 case .listed(let entry):
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
-                    let version = s.inodes.child(inode, entry.name)?.attributeVersion ?? 0
+                    let version = s.inodes.attributeVersion(parent: inode, name: entry.name, kind: entry.kind)
                     let attributes = link(entry, parent: inode, info: info, markerChecked: false, version: version, in: &s)
                     return (entry.name, entry.kind, attributes)
                 case .local(let name, let child):

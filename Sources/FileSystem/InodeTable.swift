@@ -132,6 +132,22 @@ struct InodeTable {
         return node
     }
 
+    /// The attribute version of the node `link` would give an answer about `name` of this `kind`
+    /// to: the node the name leads to if it has that kind, else 0 (a new node has no local changes).
+    /// Taken before the HEAD or listing is sent, it tells `Node.apply`/`merge` whether a local
+    /// change came since; another kind's node's version would refuse the answer for good.
+    func attributeVersion(parent: InodeNumber, name: String, kind: NodeKind) -> UInt64 {
+        answerTarget(parent: parent, name: name, kind: kind).version
+    }
+
+    /// That node and its version; nil and 0 when `link` would make a new node. A version counts
+    /// the changes of one node only (every node starts at 0): an answer taken for it may only be
+    /// given to the same node.
+    func answerTarget(parent: InodeNumber, name: String, kind: NodeKind) -> (inode: InodeNumber?, version: UInt64) {
+        guard let inode = children[parent]?[name.exact], let node = nodes[inode], node.kind == kind else { return (nil, 0) }
+        return (inode, node.attributeVersion)
+    }
+
     /// The node for `name` in `parent` as a listing or HEAD describes it: the node the name leads
     /// to if it has the same kind (its key updated), else a new one. Counts `lookups` kernel lookups.
     /// `reserved`: the number readdir already showed for the name (`reserveInode`), used when it

@@ -603,6 +603,44 @@ struct IntegrityTests {
         #expect(try fs.lookup(parent: root, name: "f").permissions == 0o644)
     }
 
+    /// ln -s t s; echo x > b; mv s b, whose COPY reached the server but whose answer was lost:
+    /// EIO, and `b` is now the symlink on the server. Looked up again (or listed), it shows the
+    /// symlink's owner and time: the attributes are not refused because the file node that held
+    /// the name before had local changes (a new node of another kind has none).
+    @Test(arguments: [false, true]) func aRenameWhoseCopyAnswerWasLostShowsTheCopysOwner(listing: Bool) throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let owner = Caller(uid: 1000, gid: 100)
+        let link = try fs.symlink(parent: root, name: "s", target: "../t", caller: owner)
+        let file = try createFile(fs, root, "b", "text")
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o640))
+        store.failNext(.copy, with: .after(.transient))
+        let error = #expect(throws: FSError.self) {
+            try fs.rename(parent: root, name: "s", newParent: root, newName: "b", noReplace: false)
+        }
+        #expect(error?.code == .ioError)
+        #expect(fake.object("b")?.contentType.hasPrefix(StoredAttributes.symlinkContentType) == true)
+        var shown: Attributes? = nil
+        if listing {
+            let handle = try fs.opendir(root)
+            defer { fs.releasedir(handle: handle) }
+            try fs.readdirplus(root, handle: handle, offset: 0) { name, _, _, attributes, _ in
+                if name == "b" { shown = attributes }
+                return true
+            }
+        } else {
+            shown = try fs.lookup(parent: root, name: "b")
+        }
+        #expect(shown?.kind == .symlink)
+        #expect(shown?.uid == 1000 && shown?.gid == 100)
+        #expect(shown?.modified == link.modified)
+        let b = try fs.lookup(parent: root, name: "b")
+        #expect(try fs.readlink(b.inode) == "../t")
+        #expect(try fs.getattr(b.inode).uid == 1000)
+    }
+
     /// Files over 16 bytes are stored as multipart uploads of 8-byte parts.
     func multipartConfiguration() -> FilesystemConfiguration {
         var configuration = FilesystemConfiguration()

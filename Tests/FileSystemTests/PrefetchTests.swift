@@ -206,4 +206,78 @@ struct PrefetchTests {
         fs.waitForPrefetch()
         #expect(store.counts.head == after)
     }
+
+    // A worker records a HEAD's answer, then hands it to the node in a second critical section.
+    // A rename, rmdir or mkdir that runs in between finds the answer recorded (not running), so
+    // nothing marks it stale; the answer must still reach only the node it was asked for. These
+    // run the worker's second half by hand, after the namespace change (the reference model,
+    // seed 17 under load: "d/b has mode 755, expected 700").
+    static let caller = Caller(uid: 1000, gid: 100)
+
+    /// The job `prefetchMetadata` queues for `name` in `parent` as it is now, and the HEAD's answer.
+    func headOf(_ fs: Filesystem, _ store: FakeObjectStore, _ name: String, in parent: InodeNumber, entry: DirectoryEntry)
+        throws -> (Filesystem.PrefetchJob, ObjectInfo)
+    {
+        let node = fs.state.withLock { $0.inodes.child(parent, name) }
+        let job = Filesystem.PrefetchJob(
+            parent: parent, entry: entry, inode: node?.inode, version: node?.attributeVersion ?? 0)
+        return (job, try store.head(key: entry.key))
+    }
+
+    @Test func anAnswerForADirectoryRenamedOverDoesNotReachTheDirectoryMovedIn() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store, limit: 0)
+        let d = try fs.mkdir(parent: Filesystem.rootInode, name: "d", mode: 0o755, caller: Self.caller).inode
+        _ = try fs.mkdir(parent: d, name: "b", mode: 0o755, caller: Self.caller)
+        let b = try fs.mkdir(parent: Filesystem.rootInode, name: "b", mode: 0o700, caller: Self.caller).inode
+        let (job, answer) = try headOf(fs, store, "b", in: d, entry: DirectoryBuilder.directory("b", key: "d/b/"))
+        try fs.rename(parent: Filesystem.rootInode, name: "b", newParent: d, newName: "b", noReplace: false)
+        // Both nodes are at attribute version 0: the version alone cannot tell them apart.
+        #expect(try fs.node(b).attributeVersion == job.version)
+        fs.applyPrefetched(job, answer: answer)
+        #expect(try fs.getattr(b).permissions == 0o700)
+    }
+
+    @Test func anAnswerForARemovedDirectoryDoesNotReachOneMadeAgain() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store, limit: 0)
+        let d = try fs.mkdir(parent: Filesystem.rootInode, name: "d", mode: 0o755, caller: Self.caller).inode
+        _ = try fs.mkdir(parent: d, name: "b", mode: 0o755, caller: Self.caller)
+        let (job, answer) = try headOf(fs, store, "b", in: d, entry: DirectoryBuilder.directory("b", key: "d/b/"))
+        try fs.rmdir(parent: d, name: "b")
+        let b = try fs.mkdir(parent: d, name: "b", mode: 0o700, caller: Self.caller).inode
+        fs.applyPrefetched(job, answer: answer)
+        #expect(try fs.getattr(b).permissions == 0o700)
+    }
+
+    @Test func anAnswerForANameWithoutANodeDoesNotReachOneMadeLater() throws {
+        let store = FakeObjectStore()
+        let first = makeFilesystem(store, limit: 0)
+        let d0 = try first.mkdir(parent: Filesystem.rootInode, name: "d", mode: 0o755, caller: Self.caller).inode
+        _ = try first.mkdir(parent: d0, name: "b", mode: 0o755, caller: Self.caller)
+        // Another mount, which has no node for d/b when its listing of d queues the HEAD.
+        let fs = makeFilesystem(store, limit: 0)
+        let d = try fs.lookup(parent: Filesystem.rootInode, name: "d").inode
+        let (job, answer) = try headOf(fs, store, "b", in: d, entry: DirectoryBuilder.directory("b", key: "d/b/"))
+        #expect(job.inode == nil)
+        try fs.rmdir(parent: d, name: "b")
+        let b = try fs.mkdir(parent: d, name: "b", mode: 0o700, caller: Self.caller).inode
+        fs.applyPrefetched(job, answer: answer)
+        #expect(try fs.getattr(b).permissions == 0o700)
+    }
+
+    @Test func anAnswerForAnEmptyFileRenamedOverDoesNotReachTheEmptyFileMovedIn() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store, limit: 0)
+        let d = try fs.mkdir(parent: Filesystem.rootInode, name: "d", mode: 0o755, caller: Self.caller).inode
+        _ = try fs.mknod(parent: d, name: "f", mode: 0o644, kind: .file, caller: Self.caller)
+        let x = try fs.mknod(parent: Filesystem.rootInode, name: "x", mode: 0o600, kind: .file, caller: Self.caller).inode
+        let listed = try #require(fs.state.withLock { s in s.inodes.child(d, "f").map { fs.entry(for: $0) } })
+        let (job, answer) = try headOf(fs, store, "f", in: d, entry: listed)
+        try fs.rename(parent: Filesystem.rootInode, name: "x", newParent: d, newName: "f", noReplace: false)
+        // Two empty objects: the same ETag, so the ETag check cannot tell them apart either.
+        #expect(try fs.node(x).etag == answer.etag)
+        fs.applyPrefetched(job, answer: answer)
+        #expect(try fs.getattr(x).permissions == 0o600)
+    }
 }
