@@ -366,6 +366,43 @@ extension Filesystem {
         }
     }
 
+    /// Before the mount ends (unmount, SIGTERM, `umount` through the helper): waits for uploads
+    /// in progress and retries owed ones at once and then with backoff, until nothing is owed or
+    /// `timeout` seconds passed. `report` hears what it waits for (once per round). Returns the
+    /// keys still owed: they stay journaled for the next mount.
+    public func drain(timeout: Double, report: (String) -> Void) -> [String] {
+        let deadline = Transfers.monotonic() + timeout
+        var pause = 0.05
+        var lastReport = ""
+        while true {
+            // Owed with no handle (a retry is scheduled), and owed with a handle still open (its
+            // next close would try again; before an unmount through the helper, try now).
+            let owedInodes = transfers.owedInodes
+            let (due, held): ([SpoolFile], [SpoolFile]) = state.withLock { s in
+                let due = s.openFiles.values.filter { open in open.state.withLock { $0.retryIsDue() } }
+                let held = owedInodes.compactMap { s.openFiles[$0] }.filter { open in
+                    open.state.withLock { !$0.retryIsDue() && !$0.isIdle }
+                }
+                return (due, held)
+            }
+            let running = transfers.running, owed = transfers.owed
+            if due.isEmpty && running.isEmpty && owed.isEmpty { return [] }
+            let left = deadline - Transfers.monotonic()
+            if left <= 0 { return owed.map(\.key) }
+            let waiting = "waiting up to \(Int(left.rounded(.up))) s (drain_timeout) for \(running.count) upload(s) in progress "
+                + "and \(owed.count) owed" + (owed.isEmpty ? "" : ": " + owed.prefix(5).map { "'\($0.key)'" }.joined(separator: ", "))
+                + (owed.count > 5 ? ", …" : "")
+            if waiting != lastReport {
+                report(waiting)
+                lastReport = waiting
+            }
+            for open in due { retryUpload(open) }
+            for open in held { try? commit(open) }
+            usleep(UInt32(min(pause, max(left, 0.01)) * 1_000_000))
+            pause = min(pause * 2, 5)
+        }
+    }
+
     private func retryUpload(_ open: SpoolFile) {
         guard open.state.withLock({ $0.retryIsDue() }) else { return }
         do {

@@ -72,6 +72,8 @@ public final class Transfers: Sendable {
         state.withLock { _ = $0.owed.removeValue(forKey: inode) }
     }
 
+    var owedInodes: [InodeNumber] { state.withLock { Array($0.owed.keys) } }
+
     public var running: [Running] { state.withLock { Array($0.running.values) }.sorted { $0.started < $1.started } }
     public var owed: [Owed] {
         state.withLock { Array($0.owed.values) }.sorted { ($0.nextTry ?? 0, $0.key) < ($1.nextTry ?? 0, $1.key) }

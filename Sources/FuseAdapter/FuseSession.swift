@@ -99,7 +99,8 @@ public final class FuseSession {
             })
     }
 
-    /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's status.
+    /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's
+    /// status. The filesystem stays up: the caller drains it (`Filesystem.drain`) and shuts it down.
     public func run() -> Int32 {
         _ = fuse_set_signal_handlers(session)
         _ = cssp_block_termination_signals(0)
@@ -111,11 +112,8 @@ public final class FuseSession {
             mounted = false
         }
         // Page-cache stores must be over before the session is destroyed; unmounted, the
-        // kernel fails any of them at once.
+        // kernel fails any of them at once. The caller drains and shuts the filesystem down.
         adapter.filesystem.kernelCache.uninstall()
-        if !adapter.filesystem.shutdown(deadline: 30) {
-            adapter.logger.warning("background work still running after 30 s at unmount: abandoned")
-        }
         return rc
     }
 }

@@ -106,8 +106,11 @@ final class ControlServer: @unchecked Sendable {
                     break
                 }
                 _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-                serve(client)
-                close(client)
+                // A drain may take minutes: each connection has its own thread.
+                Thread.detached { [self] in
+                    serve(client)
+                    close(client)
+                }
             }
             done.signal()
         }
@@ -159,12 +162,7 @@ struct ControlSocketError: Error, CustomStringConvertible {
 enum ControlClient {
     /// The answer to `command`, or a line that says what is wrong.
     static func ask(_ command: String, mountpoint given: String, callerCacheDirectory: String?) -> Result<String, ControlSocketError> {
-        let mounts = MountTable.csspfsMounts()
-        // The path as given (made absolute), else resolved: a hung mount is not looked at first.
-        let lexical = MountTable.absolute(given)
-        guard let mount = mounts.last(where: { $0.path == lexical })
-            ?? MountTable.canonical(given, resolvingLast: true).flatMap({ real in mounts.last { $0.path == real } })
-        else {
+        guard let mount = mount(given) else {
             return .failure(ControlSocketError("\(given) is not a csspfs mount (see /proc/mounts)"))
         }
         let paths = ControlSocket.candidates(
@@ -178,6 +176,15 @@ enum ControlClient {
             }
         }
         return .failure(ControlSocketError(problem))
+    }
+
+    /// The csspfs mount at `given` in /proc/mounts: the path as given (made absolute), else
+    /// resolved (a hung mount is not looked at unless needed).
+    static func mount(_ given: String) -> (path: String, owner: uid_t)? {
+        let mounts = MountTable.csspfsMounts()
+        let lexical = MountTable.absolute(given)
+        return mounts.last(where: { $0.path == lexical })
+            ?? MountTable.canonical(given, resolvingLast: true).flatMap { real in mounts.last { $0.path == real } }
     }
 
     static func request(_ command: String, path: String) -> Result<String, ControlSocketError> {

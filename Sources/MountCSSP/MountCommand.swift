@@ -21,9 +21,15 @@ enum MountCommand {
         static let success: Int32 = 0
         static let usage: Int32 = 1
         static let mountFailure: Int32 = 32
+        /// Unmounted, but uploads are still owed after drain_timeout (journaled for the next
+        /// mount): sysexits' EX_TEMPFAIL.
+        static let owed: Int32 = 75
     }
 
-    static func run(arguments: [String]) -> Int32 {
+    /// The name umount(8) runs as its helper for `fuse.cssp` mounts (a link to mount.cssp).
+    static let unmountHelperName = "umount.fuse.cssp"
+
+    static func run(arguments: [String], programName: String = "mount.cssp") -> Int32 {
         // Only the main thread may receive termination signals (libfuse's handler wakes it);
         // threads started from now on inherit the block. SIGPIPE must never kill the daemon.
         _ = cssp_block_termination_signals(1)
@@ -41,7 +47,14 @@ enum MountCommand {
         }
 
         let command: Command
-        do {
+        do throws(ConfigurationError) {
+            if programName.split(separator: "/").last.map(String.init) == unmountHelperName {
+                // umount(8): `umount.fuse.cssp MOUNTPOINT [-flags]`.
+                let mountpoints = arguments.filter { !$0.hasPrefix("-") }
+                guard mountpoints.count == 1 else { throw ConfigurationError("usage: \(unmountHelperName) MOUNTPOINT") }
+                let flags = arguments.filter { $0.hasPrefix("-") && !$0.hasPrefix("--") }.joined()
+                return unmountHelper(mountpoints[0], lazy: flags.contains("l"))
+            }
             command = try Arguments.parse(arguments, calledByMount: parentIsMount())
         } catch {
             return fail(error.message, ExitStatus.usage)
@@ -55,6 +68,8 @@ enum MountCommand {
             return ExitStatus.success
         case .mount(let options):
             return mount(options)
+        case .ask(.drain, let mountpoint):
+            return unmountHelper(mountpoint, lazy: false)
         case .ask(let question, let mountpoint):
             var defaults = MountOptions(endpoint: try! Endpoint(parsing: "http://localhost/c"), mountpoint: mountpoint)
             defaults.cacheDirectory = nil
@@ -219,6 +234,9 @@ enum MountCommand {
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
         fsConfiguration.memoryBudget = MemoryBudget(limit: Int64(options.memoryMiB) << 20)
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
+        // Test hook: the first retry of an owed upload waits this long, so that a test sees what
+        // only the unmount's drain stores (README, Tests). Never needed in production.
+        if let seconds = Double(env["CSSP_TEST_PENDING_RETRY_SECONDS"] ?? "") { fsConfiguration.pendingRetrySeconds = seconds }
         let cacheDirectory = cacheDirectory(options, env)
         if let problem = unsafeSharedDirectory(cacheDirectory, options, env) { return fail(problem, ExitStatus.usage) }
         let blockCache = BlockCache.open(
@@ -282,7 +300,7 @@ enum MountCommand {
         }
         // After daemonize: the fork keeps only the calling thread.
         let control = startControlServer(
-            options, cacheDirectory: cacheDirectory, metrics: metrics, transfers: filesystem.transfers, logger: logger)
+            options, cacheDirectory: cacheDirectory, metrics: metrics, filesystem: filesystem, logger: logger)
         defer { control?.stop() }
         if !options.readOnly {
             Thread.detached { filesystem.recoverPendingUploads() }
@@ -294,7 +312,87 @@ enum MountCommand {
         let rc = session.run()
         logger.info(
             "unmounted \(options.mountpoint); fetched data held at most \(budget.peak >> 20) MiB at once (memory_mb=\(budget.limit >> 20))")
+        let owed = filesystem.drain(timeout: Double(options.drainTimeout)) { logger.warning("unmounting: \($0)") }
+        if !filesystem.shutdown(deadline: 30) {
+            logger.warning("background work still running 30 s after the unmount: abandoned")
+        }
+        if !owed.isEmpty {
+            let keys = owed.map { "'\($0)'" }.joined(separator: ", ")
+            logger.error(
+                "\(owed.count) upload(s) still owed after drain_timeout=\(options.drainTimeout) s: \(keys); they stay journaled in \(fsConfiguration.spoolDirectory) and the next mount of this URL stores them")
+            return ExitStatus.owed
+        }
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
+    }
+
+    /// `mount.cssp --unmount MOUNTPOINT`, and umount(8)'s helper: asks the daemon to store what
+    /// is owed (up to its drain_timeout), unmounts, and waits for the daemon to exit, so that
+    /// `umount` returns once the bytes are stored (or journaled for the next mount).
+    static func unmountHelper(_ mountpoint: String, lazy: Bool) -> Int32 {
+        var defaults = MountOptions(endpoint: try! Endpoint(parsing: "http://localhost/c"), mountpoint: mountpoint)
+        defaults.cacheDirectory = nil
+        let ownCache = cacheDirectory(defaults, environment())
+        guard let target = ControlClient.mount(mountpoint) else {
+            return fail("\(mountpoint) is not a csspfs mount (see /proc/mounts)", ExitStatus.usage)
+        }
+        var daemon: pid_t = 0
+        var owed: [String] = []
+        switch ControlClient.ask(ControlQuestion.drain.rawValue, mountpoint: mountpoint, callerCacheDirectory: ownCache) {
+        case .success(let answer):
+            for line in answer.split(separator: "\n") {
+                if line.hasPrefix("pid ") { daemon = pid_t(line.dropFirst(4)) ?? 0 }
+                if line.hasPrefix("owed ") { owed.append(String(line.dropFirst(5))) }
+            }
+        case .failure(let error):
+            // An older daemon, or one that does not answer: unmount anyway (it drains after).
+            LogSink.stderr("mount.cssp: warning: \(error.description); unmounting without waiting for uploads\n")
+        }
+        if getuid() == 0 {
+            guard umount2(target.path, lazy ? Int32(MNT_DETACH) : 0) == 0 else {
+                return fail("cannot unmount \(target.path): \(String(cString: strerror(errno)))", ExitStatus.mountFailure)
+            }
+        } else {
+            let status = spawnAndWait(["fusermount3", "-u"] + (lazy ? ["-z"] : []) + [target.path])
+            guard status == 0 else { return fail("fusermount3 -u \(target.path) failed", ExitStatus.mountFailure) }
+        }
+        // The daemon ends its background work (at most 30 s) and exits.
+        var waited = 0
+        while daemon > 0 && isRunning(daemon) && waited < 3500 {
+            usleep(10_000)
+            waited += 1
+        }
+        if !owed.isEmpty {
+            return fail(
+                "unmounted \(target.path), but \(owed.count) upload(s) are still owed: "
+                    + owed.map { "'\($0)'" }.joined(separator: ", ") + "; the next mount of this URL stores them",
+                ExitStatus.owed)
+        }
+        return ExitStatus.success
+    }
+
+    /// Whether process `pid` exists and has not exited (a zombie waiting for its parent has).
+    static func isRunning(_ pid: pid_t) -> Bool {
+        let fd = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let n = read(fd, &buffer, buffer.count)
+        guard n > 0 else { return false }
+        // "PID (COMM) STATE ...": the state follows the last ')'.
+        let text = buffer[0..<n]
+        guard let close = text.lastIndex(of: UInt8(ascii: ")")), close + 2 < n else { return false }
+        return text[close + 2] != UInt8(ascii: "Z")
+    }
+
+    /// Runs `argv` (found on PATH) and returns its exit status (-1 if it could not run).
+    static func spawnAndWait(_ argv: [String]) -> Int32 {
+        var pid = pid_t()
+        let cArgs = argv.map { strdup($0) } + [nil]
+        defer { for arg in cArgs { free(arg) } }
+        guard posix_spawnp(&pid, argv[0], nil, nil, cArgs, environ) == 0 else { return -1 }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : -1
     }
 
     /// 4 GiB, or a quarter of the free space where the cache lives if that is less (at least 64 MiB).
@@ -355,7 +453,7 @@ enum MountCommand {
 
     /// The control socket of `--stats` and `--status`; a mount without one still works (logged).
     static func startControlServer(
-        _ options: MountOptions, cacheDirectory: String, metrics: MountMetrics, transfers: Transfers, logger: Logger
+        _ options: MountOptions, cacheDirectory: String, metrics: MountMetrics, filesystem: Filesystem, logger: Logger
     ) -> ControlServer? {
         guard let directory = ControlSocket.directory(uid: getuid(), cacheDirectory: cacheDirectory) else { return nil }
         let mountpoint = MountTable.canonical(options.mountpoint, resolvingLast: false) ?? options.mountpoint
@@ -364,7 +462,11 @@ enum MountCommand {
             let server = try ControlServer(path: path) { question in
                 switch ControlQuestion(rawValue: question) {
                 case .stats: return metrics.registry.render()
-                case .status: return transfers.report()
+                case .status: return filesystem.transfers.report()
+                case .drain:
+                    logger.notice("asked to store what is owed before an unmount")
+                    let owed = filesystem.drain(timeout: Double(options.drainTimeout)) { logger.warning("unmount: \($0)") }
+                    return "pid \(getpid())\n" + owed.map { "owed \($0)\n" }.joined()
                 case nil: return "unknown question '\(question)': ask stats or status\n"
                 }
             }

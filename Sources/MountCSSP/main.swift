@@ -4,4 +4,4 @@
 import Glibc
 #endif
 
-exit(MountCommand.run(arguments: Array(CommandLine.arguments.dropFirst())))
+exit(MountCommand.run(arguments: Array(CommandLine.arguments.dropFirst()), programName: CommandLine.arguments[0]))

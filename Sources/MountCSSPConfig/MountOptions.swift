@@ -37,6 +37,9 @@ public struct MountOptions: Sendable, Equatable {
     public var readAheadMiB = 24
     /// MiB of fetched data all readers hold in memory together (read-ahead stops there).
     public var memoryMiB = 64
+    /// Seconds an unmount waits for uploads in progress and retries owed ones before the daemon
+    /// exits (what is still owed stays journaled for the next mount).
+    public var drainTimeout = 120
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
@@ -68,6 +71,8 @@ public enum Command: Sendable, Equatable {
 
 public enum ControlQuestion: String, Sendable, Equatable {
     case stats, status
+    /// The unmount helper's question: store what is owed now (answered when done).
+    case drain
 }
 
 /// Parses `mount.cssp URL MOUNTPOINT [-o opt[,opt…]] [-f] [-d] [-s] [-n] [-v]`, the mount(8)
@@ -102,8 +107,8 @@ public enum Arguments {
             switch argument {
             case "-h", "--help": return .help
             case "-V", "--version": return .version
-            case "--stats", "--status":
-                let question: ControlQuestion = argument == "--stats" ? .stats : .status
+            case "--stats", "--status", "--unmount":
+                let question: ControlQuestion = argument == "--stats" ? .stats : argument == "--status" ? .status : .drain
                 let rest = positionals + arguments[index...].filter { !$0.hasPrefix("-") }
                 guard rest.count == 1 else {
                     throw ConfigurationError("usage: mount.cssp \(argument) MOUNTPOINT")
@@ -257,6 +262,7 @@ public enum Arguments {
         case "insecure": options.insecure = true
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
         case "memory_mb": options.memoryMiB = try integer(8...65_536)
+        case "drain_timeout": options.drainTimeout = try integer(0...86_400)
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
@@ -279,7 +285,7 @@ public enum Arguments {
 
     public static let usage = """
         usage: mount.cssp URL MOUNTPOINT [-o option[,option...]] [-f] [-d]
-               mount.cssp --stats MOUNTPOINT | --status MOUNTPOINT
+               mount.cssp --stats MOUNTPOINT | --status MOUNTPOINT | --unmount MOUNTPOINT
 
         Mounts the CSSP container at URL (http(s)://HOST[:PORT]/CONTAINER[/PREFIX]) on MOUNTPOINT.
 
@@ -292,6 +298,8 @@ public enum Arguments {
           -h, --help             this text;  -V, --version  the version
           --stats MOUNTPOINT     the running mount's statistics (Prometheus text format)
           --status MOUNTPOINT    uploads in progress and owed, for people
+          --unmount MOUNTPOINT   store what is owed (up to drain_timeout), then unmount; also
+                                 what umount(8) runs as /sbin/umount.fuse.cssp
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
@@ -322,6 +330,8 @@ public enum Arguments {
           multipart_threshold_mb=N  files larger than this are uploaded in parts (default 64)
           part_size_mb=N         size of one part (default 32)
           upload_parallel=N      parts uploaded at once (default 4)
+          drain_timeout=S        at unmount, wait this long for uploads in progress and owed
+                                 (default 120); what is left stays journaled for the next mount
           max_threads=N          FUSE worker threads (default 16)
           retries=N              retries of a failed idempotent request (default 6)
           connect_timeout=S      seconds to connect (default 10)
@@ -341,6 +351,8 @@ public enum Arguments {
         $CSSP_ACCESS_KEY_ID with $CSSP_SECRET_ACCESS_KEY.
 
         exit status: 0 mounted (with -f: unmounted cleanly), 1 bad arguments or configuration,
-        32 the store or the mount failed.
+        32 the store or the mount failed, 75 unmounted with uploads still owed (journaled).
+        umount(8) runs /sbin/umount.fuse.cssp (a link to mount.cssp): it stores what is owed,
+        then unmounts.
         """
 }

@@ -1,0 +1,109 @@
+import Foundation
+import ObjectStore
+import ObjectStoreHTTP
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue 11, item 2, through the real binary: an unmount (the umount helper, SIGTERM,
+/// fusermount3 -u) stores what is owed before the daemon exits; what cannot be stored within
+/// drain_timeout stays journaled, the daemon exits 75, and the next mount stores it.
+@Suite(.serialized)
+struct DrainTests {
+    /// A mount whose upload of `owed.txt` failed during an outage (every PUT of it answered 503),
+    /// with the scheduled retry a minute away: only the drain can store it in time.
+    struct Outage {
+        let environment: Environment
+        let container: String
+        let store: HTTPObjectStore
+        let mount: Mount
+        let faultFile: String
+        let cache: String
+
+        init(drainTimeout: Int = 30) throws {
+            environment = try Environment.load()
+            guard let faults = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+                throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+            }
+            faultFile = faults
+            container = "drain-" + UUID().uuidString.prefix(6).lowercased()
+            store = environment.store(container: container)
+            try store.createContainer()
+            cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+            mount = try Mount(
+                environment, container: container,
+                options: ["cache_dir=" + cache, "retries=1", "drain_timeout=\(drainTimeout)"],
+                extraEnvironment: ["CSSP_TEST_PENDING_RETRY_SECONDS": "3600"])
+            try "PUT status=503 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            let source = cache + "-source.txt"
+            try "owed\n".write(toFile: source, atomically: true, encoding: .utf8)
+            defer { try? FileManager.default.removeItem(atPath: source) }
+            let write = try shell("cp \(quoted(source)) \(quoted(mount.path("owed.txt")))")
+            #expect(write.status != 0 && write.stderr.contains("Input/output error"), "\(write.stderr)")
+            #expect(throws: ObjectStoreError.self) { _ = try store.head(key: "owed.txt") }
+            // The kernel's release (the last close) tries once more, in the background; the file
+            // is owed once that failed too and its retry is scheduled.
+            let deadline = Date().addingTimeInterval(10)
+            var status = ""
+            repeat {
+                status = try shell("\(quoted(environment.binary)) --status \(quoted(mount.directory))").stdout
+                if status.contains("2 tries failed, next in") { break }
+                usleep(20_000)
+            } while Date() < deadline
+            #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
+        }
+
+        func serverIsBack() throws { try FileManager.default.removeItem(atPath: faultFile) }
+
+        func cleanUp() {
+            try? FileManager.default.removeItem(atPath: faultFile)
+            try? FileManager.default.removeItem(atPath: cache)
+        }
+    }
+
+    @Test func theUnmountHelperReturnsOnceTheOwedFileIsStored() throws {
+        let outage = try Outage()
+        defer { outage.cleanUp() }
+        try outage.serverIsBack()
+        let helper = NSTemporaryDirectory() + "cssp-e2e-" + outage.container + "/umount.fuse.cssp"
+        try FileManager.default.createDirectory(
+            atPath: (helper as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: (helper as NSString).deletingLastPathComponent) }
+        try FileManager.default.createSymbolicLink(atPath: helper, withDestinationPath: outage.environment.binary)
+        // As umount(8) runs it: `umount.fuse.cssp MOUNTPOINT -n`.
+        let result = try shell("\(quoted(helper)) \(quoted(outage.mount.directory)) -n")
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(try outage.store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
+        #expect(!isMounted(outage.mount.directory))
+        #expect(outage.mount.waitForExit() == 0)
+    }
+
+    @Test func sigtermStoresWhatIsOwedBeforeTheDaemonExits() throws {
+        let outage = try Outage()
+        defer { outage.cleanUp() }
+        try outage.serverIsBack()
+        #expect(kill(outage.mount.child.pid, SIGTERM) == 0)
+        #expect(outage.mount.waitForExit() == 0)
+        #expect(try outage.store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
+        #expect(outage.mount.stderrText.contains("unmounting: waiting up to"), "\(outage.mount.stderrText)")
+    }
+
+    /// The outage outlasts drain_timeout: the daemon exits 75 and says what is still owed; the
+    /// journal keeps it, and the next mount of the URL stores it (and says so).
+    @Test func whatIsStillOwedAfterTheDrainTimeoutIsStoredByTheNextMount() throws {
+        let outage = try Outage(drainTimeout: 2)
+        defer { outage.cleanUp() }
+        #expect(try outage.mount.unmount() == 75)
+        #expect(outage.mount.stderrText.contains("1 upload(s) still owed after drain_timeout=2 s: 'owed.txt'"), "\(outage.mount.stderrText)")
+        #expect(throws: ObjectStoreError.self) { _ = try outage.store.head(key: "owed.txt") }
+        try outage.serverIsBack()
+        let next = try Mount(outage.environment, container: outage.container, options: ["cache_dir=" + outage.cache])
+        let deadline = Date().addingTimeInterval(30)
+        while (try? outage.store.head(key: "owed.txt")) == nil && Date() < deadline { usleep(100_000) }
+        #expect(try outage.store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
+        #expect(try next.unmount() == 0)
+        #expect(next.stderrText.contains("stored 'owed.txt'") && next.stderrText.contains("owed by an earlier mount"), "\(next.stderrText)")
+    }
+}
