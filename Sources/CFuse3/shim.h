@@ -45,6 +45,23 @@ static inline int cssp_block_termination_signals(int block) {
     return pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
 }
 
+/* SIGUSR1 toggles debug logging: blocked in every thread (call before any is started), and
+ * taken by one thread with sigwait. */
+static inline int cssp_block_usr1(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    return pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static inline int cssp_wait_usr1(void) {
+    sigset_t set;
+    int signal_number = 0;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    return sigwait(&set, &signal_number);
+}
+
 /* Puts bytes of an inode into the kernel's page cache (FUSE_NOTIFY_STORE), so that reads of
  * them never reach the daemon. FUSE_BUFVEC_INIT is a macro Swift cannot use. */
 static inline int cssp_notify_store(struct fuse_session *se, fuse_ino_t ino, off_t offset,

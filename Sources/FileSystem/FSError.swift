@@ -26,6 +26,9 @@ public struct FSError: Error, Sendable, CustomStringConvertible {
     public var code: Code
     public var message: String
     public var cause: ObjectStoreError?
+    /// What was being done and to which key, when a store request failed (for log lines).
+    public var operation: String?
+    public var key: String?
 
     public init(_ code: Code, _ message: String, cause: ObjectStoreError? = nil) {
         self.code = code
@@ -45,7 +48,46 @@ public struct FSError: Error, Sendable, CustomStringConvertible {
             code = .ioError
         }
         self.init(code, "\(operation) '\(path)': \(error)", cause: error)
+        self.operation = operation
+        self.key = path
+    }
+
+    /// The fields every error line carries (`op`, `path`, `key`, `errno`, `status`, `request`):
+    /// `operation` is the FUSE operation or the background job; the path is the key below the
+    /// mount's `rootPrefix`.
+    public func logMetadata(operation: String, rootPrefix: String) -> [String: String] {
+        var fields = ["op": operation, "errno": code.errnoName]
+        if let key {
+            fields["key"] = key
+            fields["path"] = "/" + (key.hasPrefix(rootPrefix) ? String(key.dropFirst(rootPrefix.count)) : key)
+        }
+        if let status = cause?.httpStatus { fields["status"] = String(status) }
+        if let request = cause?.requestID { fields["request"] = request }
+        return fields
     }
 
     public var description: String { message }
+}
+
+extension FSError.Code {
+    /// The symbolic name of the errno this code becomes (`FuseAdapter`'s table, man page ERRORS).
+    public var errnoName: String {
+        switch self {
+        case .notFound: return "ENOENT"
+        case .notADirectory: return "ENOTDIR"
+        case .isADirectory: return "EISDIR"
+        case .readOnly: return "EROFS"
+        case .notEmpty: return "ENOTEMPTY"
+        case .permissionDenied: return "EACCES"
+        case .stale: return "ESTALE"
+        case .notSupported: return "EOPNOTSUPP"
+        case .invalidArgument: return "EINVAL"
+        case .nameTooLong: return "ENAMETOOLONG"
+        case .notPermitted: return "EPERM"
+        case .noSpace: return "ENOSPC"
+        case .exists: return "EEXIST"
+        case .illegalByteSequence: return "EILSEQ"
+        case .ioError: return "EIO"
+        }
+    }
 }

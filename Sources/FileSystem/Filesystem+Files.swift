@@ -1,6 +1,7 @@
 import BlockCache
 import Dispatch
 import Locking
+import Logging
 import ObjectStore
 
 #if canImport(Glibc)
@@ -291,7 +292,9 @@ extension Filesystem {
                 retire(open)
             } catch {
                 // The writer saw this error at close already; keep the bytes and keep trying.
-                logger.error("\(error.message); the data stays in \(open.path) and is retried")
+                logger.error(
+                    "\(error.message); the data stays in \(open.path) and is retried",
+                    metadata: logFields(error, operation: "release"))
                 afterFailure(open, open.state.withLock { $0.uploadFailed() }, error: error)
             }
         }
@@ -345,10 +348,16 @@ extension Filesystem {
             Spool.removeNote(dataPath: open.path)
             let kept = Spool.keepLost(dataPath: open.path) ?? open.path
             logger.error(
-                "not stored, because a write to the cache failed (\(failure.message)); the bytes written are kept in \(kept)")
+                "not stored, because a write to the cache failed (\(failure.message)); the bytes written are kept in \(kept)",
+                metadata: logFields(failure, operation: "release"))
             return
         }
         open.discard()
+    }
+
+    /// The fields of an error line (see `FSError.logMetadata`).
+    func logFields(_ error: FSError, operation: String) -> Logger.Metadata {
+        error.logMetadata(operation: operation, rootPrefix: configuration.rootPrefix).mapValues { .string($0) }
     }
 
     /// Carries out what the spool's state machine decided after a failed upload.
@@ -410,7 +419,7 @@ extension Filesystem {
             logger.notice("stored \(open.path) after an earlier failure")
             retire(open)
         } catch {
-            logger.warning("retrying upload of \(open.path) later: \(error.message)")
+            logger.warning("retrying upload of \(open.path) later: \(error.message)", metadata: logFields(error, operation: "retry"))
             afterFailure(open, open.state.withLock { $0.retryFailed() }, error: error)
         }
     }
@@ -768,7 +777,10 @@ extension Filesystem {
                 Spool.remove(dataPath: path)
                 logger.notice("stored '\(key)' from \(path), owed by an earlier mount")
             } catch {
-                logger.error("cannot store '\(upload.key)' from \(path) yet: \(error); it stays for the next mount")
+                let failure = FSError(storeError: error, operation: "recover", path: upload.key)
+                logger.error(
+                    "cannot store '\(upload.key)' from \(path) yet: \(error); it stays for the next mount",
+                    metadata: logFields(failure, operation: "recover"))
             }
         }
     }

@@ -28,16 +28,4 @@ extension Errno {
         case .ioError: return .ioError
         }
     }
-
-    /// The symbolic name (`ENOENT`), as `cssp_errors_total` labels it.
-    public var symbolicName: String {
-        let names: [Errno: String] = [
-            .noSuchFileOrDirectory: "ENOENT", .notDirectory: "ENOTDIR", .isDirectory: "EISDIR",
-            .readOnlyFileSystem: "EROFS", .directoryNotEmpty: "ENOTEMPTY", .permissionDenied: "EACCES",
-            .staleNFSFileHandle: "ESTALE", .notSupported: "EOPNOTSUPP", .invalidArgument: "EINVAL",
-            .fileNameTooLong: "ENAMETOOLONG", .notPermitted: "EPERM", .noSpace: "ENOSPC", .fileExists: "EEXIST",
-            .illegalByteSequence: "EILSEQ", .ioError: "EIO",
-        ]
-        return names[self] ?? "E\(rawValue)"
-    }
 }

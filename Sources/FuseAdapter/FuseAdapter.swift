@@ -67,20 +67,24 @@ public final class FuseAdapter: Sendable {
         _ operation: String, _ detail: @autoclosure () -> String, _ reply: consuming Reply,
         _ body: (inout Reply?) throws(FSError) -> Void
     ) {
-        if configuration.traceOperations { logger.debug("\(operation) \(detail())") }
+        // -d, -o debug, or debug turned on at run time (SIGUSR1): every operation.
+        if configuration.traceOperations || logger.logLevel <= .debug { logger.debug("\(operation) \(detail())") }
         count(operation)
         var pending: Reply? = consume reply
         do throws(FSError) {
             try body(&pending)
         } catch {
             let errno = Errno.forFilesystemError(error.code)
-            metrics.errors.labels(operation, errno.symbolicName).add()
+            metrics.errors.labels(operation, error.code.errnoName).add()
             switch error.code {
             case .notFound, .notADirectory, .isADirectory, .readOnly, .notEmpty, .nameTooLong, .invalidArgument,
                 .notSupported, .notPermitted, .exists, .illegalByteSequence:
-                if configuration.traceOperations { logger.debug("\(operation) -> \(errno): \(error.message)") }
+                if configuration.traceOperations || logger.logLevel <= .debug {
+                    logger.debug("\(operation) -> \(errno): \(error.message)")
+                }
             case .permissionDenied, .stale, .ioError, .noSpace:
-                logger.error("\(operation) failed: \(error.message)")
+                let fields = error.logMetadata(operation: operation, rootPrefix: filesystem.configuration.rootPrefix)
+                logger.error("\(operation) failed: \(error.message)", metadata: fields.mapValues { .string($0) })
             }
             pending.take()?.error(errno)
         }

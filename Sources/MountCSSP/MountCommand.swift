@@ -33,6 +33,7 @@ enum MountCommand {
         // Only the main thread may receive termination signals (libfuse's handler wakes it);
         // threads started from now on inherit the block. SIGPIPE must never kill the daemon.
         _ = cssp_block_termination_signals(1)
+        _ = cssp_block_usr1()
         signal(SIGPIPE, SIG_IGN)
         // Transfer buffers (1–8 MiB) must go back to the system when freed. glibc raises its mmap
         // threshold after the first such free and then keeps them in per-thread heaps: the
@@ -114,11 +115,9 @@ enum MountCommand {
     }
 
     static func mount(_ options: MountOptions) -> Int32 {
-        LoggingSystem.bootstrap { _ in
-            var handler = SinkLogHandler()
-            handler.logLevel = options.debug ? .debug : (options.verbose ? .info : .notice)
-            return handler
-        }
+        let levels: [String: Logger.Level] = ["error": .error, "warn": .warning, "notice": .notice, "info": .info, "debug": .debug]
+        LogSink.shared.level = options.debug ? .debug : options.logLevel.flatMap { levels[$0] } ?? (options.verbose ? .info : .notice)
+        LoggingSystem.bootstrap { _ in SinkLogHandler() }
         let logger = Logger(label: "mount.cssp")
 
         var st = stat()
@@ -299,6 +298,12 @@ enum MountCommand {
             LogSink.shared.switchToSyslog()
         }
         // After daemonize: the fork keeps only the calling thread.
+        Thread.detached {
+            while cssp_wait_usr1() == 0 {
+                let level = LogSink.shared.toggleDebug()
+                LogSink.stderrOrSyslog(.notice, "SIGUSR1: log level \(level) now")
+            }
+        }
         let control = startControlServer(
             options, cacheDirectory: cacheDirectory, metrics: metrics, filesystem: filesystem, logger: logger)
         defer { control?.stop() }

@@ -40,6 +40,8 @@ public struct MountOptions: Sendable, Equatable {
     /// Seconds an unmount waits for uploads in progress and retries owed ones before the daemon
     /// exits (what is still owed stays journaled for the next mount).
     public var drainTimeout = 120
+    /// `-o log_level`: error, warn, notice (the default), info or debug; nil when not given.
+    public var logLevel: String? = nil
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
@@ -263,6 +265,12 @@ public enum Arguments {
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
         case "memory_mb": options.memoryMiB = try integer(8...65_536)
         case "drain_timeout": options.drainTimeout = try integer(0...86_400)
+        case "log_level":
+            let level = try needValue()
+            guard ["error", "warn", "notice", "info", "debug"].contains(level) else {
+                throw ConfigurationError("option 'log_level' needs error, warn, notice, info or debug, not '\(level)'")
+            }
+            options.logLevel = level
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
@@ -343,6 +351,8 @@ public enum Arguments {
           capath=DIR             directory of hashed CA certificates (openssl rehash)
           insecure               no certificate verification (warned at every mount)
           fsname=NAME            name in the mount table (default: the URL)
+          log_level=LEVEL        error, warn, notice (default; info with -v), info or debug;
+                                 SIGUSR1 turns debug on and off at run time
           nosuid,nodev,noexec,noatime,...  passed to the kernel
           _netdev,nofail,noauto,auto,user,users,nouser,owner,group,defaults,x-*,comment=
                                  ignored (mount(8), fstab, systemd)

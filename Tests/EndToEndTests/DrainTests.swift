@@ -53,6 +53,14 @@ struct DrainTests {
                 usleep(20_000)
             } while Date() < deadline
             #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
+            // The error lines name the operation, path, key, errno, status and request id.
+            let lines = mount.stderrText.split(separator: "\n").filter { $0.contains("error:") }
+            for op in ["flush", "release"] {
+                let line = lines.first { $0.contains("op=\(op)") }.map(String.init) ?? ""
+                #expect(
+                    line.contains("errno=EIO key=owed.txt op=\(op) path=/owed.txt request=tx") && line.contains("status=503"),
+                    "\(mount.stderrText)")
+            }
         }
 
         func serverIsBack() throws { try FileManager.default.removeItem(atPath: faultFile) }

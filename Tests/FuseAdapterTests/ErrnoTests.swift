@@ -3,6 +3,10 @@ import FuseAdapter
 import SystemPackage
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Pins the errno table that man/mount.cssp.8 publishes.
 struct ErrnoTests {
     static let table: [(FSError.Code, Errno)] = [
@@ -27,6 +31,19 @@ struct ErrnoTests {
         #expect(Self.table.count == FSError.Code.allCases.count)
         for (code, errno) in Self.table {
             #expect(Errno.forFilesystemError(code) == errno, "\(code)")
+        }
+    }
+
+    /// The names in log lines and `cssp_errors_total` are the names of the errnos sent.
+    @Test func everyCodeNamesTheErrnoItBecomes() {
+        let values: [String: Int32] = [
+            "ENOENT": ENOENT, "ENOTDIR": ENOTDIR, "EISDIR": EISDIR, "EROFS": EROFS, "ENOTEMPTY": ENOTEMPTY,
+            "EACCES": EACCES, "ESTALE": ESTALE, "EOPNOTSUPP": EOPNOTSUPP, "EINVAL": EINVAL,
+            "ENAMETOOLONG": ENAMETOOLONG, "EPERM": EPERM, "ENOSPC": ENOSPC, "EEXIST": EEXIST, "EILSEQ": EILSEQ,
+            "EIO": EIO,
+        ]
+        for code in FSError.Code.allCases {
+            #expect(values[code.errnoName] == Errno.forFilesystemError(code).rawValue, "\(code)")
         }
     }
 }

@@ -215,3 +215,27 @@ struct ControlQuestionTests {
         #expect(throws: ConfigurationError.self) { try Arguments.parse(["--status", "/a", "/b"]) }
     }
 }
+
+struct RateLimiterTests {
+    @Test func aKindPassesFiveTimesAMinuteAndTheNextLineCountsTheRest() {
+        var limiter = RateLimiter()
+        for second in 0..<5 { #expect(limiter.admit("a", now: Double(second)) == 0) }
+        for second in 5..<12 { #expect(limiter.admit("a", now: Double(second)) == nil) }
+        // Another kind is not held back by the first.
+        #expect(limiter.admit("b", now: 12) == 0)
+        // A new minute: the first line says how many were dropped.
+        #expect(limiter.admit("a", now: 61) == 7)
+        #expect(limiter.admit("a", now: 62) == 0)
+    }
+
+    @Test func logLevelTakesTheDocumentedNames() throws {
+        for level in ["error", "warn", "notice", "info", "debug"] {
+            guard case .mount(let options) = try Arguments.parse(["http://h/c", "/m", "-o", "log_level=" + level]) else {
+                Issue.record("not a mount")
+                return
+            }
+            #expect(options.logLevel == level)
+        }
+        #expect(throws: ConfigurationError.self) { try Arguments.parse(["http://h/c", "/m", "-o", "log_level=loud"]) }
+    }
+}
