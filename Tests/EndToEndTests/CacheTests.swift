@@ -78,10 +78,16 @@ struct CacheMountTests {
                 bad += os.pread(a, 4096, off) != os.pread(b, 4096, off)
             print(bad)
             """
+        // Each reader's count goes to its own file: four processes printing into one pipe at
+        // once interleave their writes ("0\n00\n\n0\n" was seen).
+        let results = NSTemporaryDirectory() + "cssp-e2e-random-readers-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: results, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: results) }
         let readers = try shell(
             "for i in 1 2 3 4; do /usr/bin/python3 -c \(quoted(script)) \(quoted(mount.path("big/random.bin"))) "
-                + "\(quoted(fixture.local + "/random.bin")) $i & done; wait")
-        #expect(readers.stdout == "0\n0\n0\n0\n", "\(readers)")
+                + "\(quoted(fixture.local + "/random.bin")) $i > \(quoted(results))/$i & done; wait")
+        let counts = try (1...4).map { try String(contentsOfFile: "\(results)/\($0)", encoding: .utf8) }
+        #expect(counts == ["0\n", "0\n", "0\n", "0\n"], "\(counts) \(readers)")
         // What the kernel now holds and what it still asks for add up to the object.
         #expect(try md5(mount.path("big/random.bin")) == fixture.bigMD5)
         #expect(try mount.unmount() == 0)

@@ -98,4 +98,47 @@ struct StatusTests {
         #expect(try store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
         #expect(try mount.unmount() == 0)
     }
+
+    /// A multipart upload whose parts the server answers slowly (2 s each, one at a time) shows
+    /// its bytes sent growing, part by part, against the file's whole size.
+    @Test func statusShowsALargeUploadGrowing() throws {
+        let environment = try Environment.load()
+        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+        }
+        let container = "progress-" + UUID().uuidString.prefix(6).lowercased()
+        let store = environment.store(container: container)
+        try store.createContainer()
+        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        let mount = try Mount(
+            environment, container: container,
+            options: ["cache_dir=" + cache, "multipart_threshold_mb=1", "part_size_mb=1", "upload_parallel=1"])
+        defer { try? FileManager.default.removeItem(atPath: faultFile) }
+        try "PUT stall=2 /\(container)/.cssp-parts/\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        let source = cache + "-source.bin"
+        try Data((0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31) }).write(to: URL(fileURLWithPath: source))
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let copy = try Child.spawn(
+            ["/bin/cp", source, mount.path("big.bin")], environment: nil, stdout: 2, stderr: 2)
+        // Samples of "big.bin: DONE of TOTAL" while the copy runs.
+        var samples: [String] = []
+        var status: Int32? = nil
+        while status == nil {
+            let text = try shell("\(quoted(environment.binary)) --status \(quoted(mount.directory))").stdout
+            if let line = text.split(separator: "\n").first(where: { $0.contains("big.bin: ") }) {
+                let shown = String(line.split(separator: "(")[0])
+                if samples.last != shown { samples.append(shown) }
+            }
+            status = copy.poll()
+            usleep(50_000)
+        }
+        #expect(status == 0)
+        // While written, the total is what the file holds so far; at close, the whole 4 MiB.
+        let whole = samples.filter { $0.hasSuffix("of 4.0 MiB ") }
+        #expect(Set(whole).count >= 3, "\(samples)")
+        #expect(whole.contains("  big.bin: 1.0 MiB of 4.0 MiB ") && whole.contains("  big.bin: 2.0 MiB of 4.0 MiB "), "\(samples)")
+        #expect(try store.head(key: "big.bin").size == 4 << 20)
+        #expect(try mount.unmount() == 0)
+    }
 }

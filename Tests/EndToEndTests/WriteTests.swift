@@ -392,25 +392,28 @@ struct HTTPObjectStoreHandle {
     init(_ raw: HTTPObjectStore) { self.raw = raw }
 }
 
-/// mount(8) and fstab: the installed helper `/sbin/mount.cssp`.
+/// mount(8) and fstab: the installed helpers `/sbin/mount.cssp` and `/sbin/umount.fuse.cssp`
+/// (umount(8) runs the latter: it stores what is owed, then unmounts).
 @Suite(.serialized)
 struct MountHelperTests {
-    static let helper = "/sbin/mount.cssp"
+    static let helpers = ["/sbin/mount.cssp", "/sbin/umount.fuse.cssp"]
 
-    /// Links the built binary as mount(8)'s helper for the duration of `body`.
+    /// Links the built binary as mount(8)'s and umount(8)'s helpers for the duration of `body`.
     func withHelper(_ environment: Environment, _ body: () throws -> Void) throws {
-        var installed = false
-        if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: Self.helper) {
-            guard target == environment.binary else {
-                throw HarnessError("\(Self.helper) points at \(target), not the binary under test")
+        var installed: [String] = []
+        defer { for helper in installed { try? FileManager.default.removeItem(atPath: helper) } }
+        for helper in Self.helpers {
+            if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: helper) {
+                guard target == environment.binary else {
+                    throw HarnessError("\(helper) points at \(target), not the binary under test")
+                }
+            } else if FileManager.default.fileExists(atPath: helper) {
+                throw HarnessError("\(helper) exists and is not the binary under test; remove it to run this test")
+            } else {
+                try FileManager.default.createSymbolicLink(atPath: helper, withDestinationPath: environment.binary)
+                installed.append(helper)
             }
-        } else if FileManager.default.fileExists(atPath: Self.helper) {
-            throw HarnessError("\(Self.helper) exists and is not the binary under test; remove it to run this test")
-        } else {
-            try FileManager.default.createSymbolicLink(atPath: Self.helper, withDestinationPath: environment.binary)
-            installed = true
         }
-        defer { if installed { try? FileManager.default.removeItem(atPath: Self.helper) } }
         try body()
     }
 

@@ -1,0 +1,79 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue 11, item 4: the .deb that `packaging/build-deb` makes (scripts/test builds it and sets
+/// CSSP_DEB) installs, mounts through `mount -t cssp` and an fstab line, answers --stats,
+/// unmounts through its umount helper, and `dpkg --purge` leaves none of its files behind.
+@Suite(.serialized)
+struct PackageTests {
+    @Test func theDebInstallsMountsAndPurgesWithoutATrace() throws {
+        let fixture = try Fixture.get()
+        let env = fixture.environment
+        guard let deb = ProcessInfo.processInfo.environment["CSSP_DEB"] else {
+            throw HarnessError("CSSP_DEB is not set: run through scripts/test (it builds the package)")
+        }
+        for helper in MountHelperTests.helpers where FileManager.default.fileExists(atPath: helper) {
+            throw HarnessError("\(helper) exists (another install?): remove it to run this test")
+        }
+        let hadCredentials = FileManager.default.fileExists(atPath: "/etc/passwd-cssp")
+        let started = Date()
+        let install = try shell("dpkg -i \(quoted(deb))", environment: ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin"])
+        print("dpkg -i took \(Date().timeIntervalSince(started)) s")
+        #expect(install.status == 0, "\(install.stderr)")
+        defer { _ = try? shell("dpkg --purge csspfs") }
+        let files = try shell("dpkg -L csspfs").stdout.split(separator: "\n").map(String.init)
+        for path in ["/sbin/mount.cssp", "/sbin/umount.fuse.cssp", "/usr/share/man/man8/mount.cssp.8.gz",
+            "/usr/share/doc/csspfs/copyright", "/usr/share/doc/csspfs/examples/mnt-cssp.mount",
+            "/usr/share/doc/csspfs/examples/mnt-cssp.automount", "/usr/share/doc/csspfs/examples/fstab"]
+        {
+            #expect(files.contains(path), "\(path) not in the package")
+        }
+        if !hadCredentials {
+            var st = stat()
+            #expect(stat("/etc/passwd-cssp", &st) == 0 && st.st_mode & 0o777 == 0o600, "no /etc/passwd-cssp with mode 0600")
+        }
+
+        let directory = NSTemporaryDirectory() + "cssp-e2e-deb-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = directory + ".cache"
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        let url = env.serverURL + "/" + fixture.container
+        let options = "passwd_file=\(env.passwdFile),cache_dir=\(cache)"
+        // mount -t, with an empty environment as systemd gives helpers.
+        let viaType = try shell("env -i /bin/mount -t cssp \(url) \(quoted(directory)) -o \(quoted(options))")
+        #expect(viaType.status == 0, "\(viaType.stderr)")
+        #expect(try shell("cat \(quoted(directory + "/tree/top.txt"))").stdout == "top\n")
+        let stats = try shell("/sbin/mount.cssp --stats \(quoted(directory))")
+        #expect(stats.status == 0 && stats.stdout.contains("cssp_requests_total{method=\"GET\",status=\"200\"}"), "\(stats.stderr)")
+        #expect(try shell("umount \(quoted(directory))").status == 0)
+        #expect(!isMounted(directory))
+
+        let fstab = directory + ".fstab"
+        defer { try? FileManager.default.removeItem(atPath: fstab) }
+        try "\(url) \(directory) cssp _netdev,nofail,x-systemd.automount,\(options) 0 0\n"
+            .write(toFile: fstab, atomically: true, encoding: .utf8)
+        let viaFstab = try shell("env -i /bin/mount -T \(quoted(fstab)) \(quoted(directory))")
+        #expect(viaFstab.status == 0, "\(viaFstab.stderr)")
+        #expect(try shell("ls \(quoted(directory + "/tree"))").stdout.contains("top.txt"))
+        #expect(try shell("umount \(quoted(directory))").status == 0)
+        #expect(!isMounted(directory))
+
+        let purge = try shell("dpkg --purge csspfs")
+        #expect(purge.status == 0, "\(purge.stderr)")
+        // Nothing the package put there is left (directories other packages share aside).
+        for path in files {
+            var st = stat()
+            guard lstat(path, &st) == 0 else { continue }
+            // (/sbin is a link to /usr/sbin on Debian 12.)
+            let shared = stat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR && !path.contains("csspfs")
+            #expect(shared, "\(path) is left after dpkg --purge")
+        }
+        #expect(!FileManager.default.fileExists(atPath: "/var/lib/csspfs"))
+        #expect(FileManager.default.fileExists(atPath: "/etc/passwd-cssp") == hadCredentials)
+    }
+}
