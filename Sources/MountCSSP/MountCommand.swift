@@ -26,8 +26,9 @@ enum MountCommand {
         static let owed: Int32 = 75
     }
 
-    /// The name umount(8) runs as its helper for `fuse.cssp` mounts (a link to mount.cssp).
-    static let unmountHelperName = "umount.fuse.cssp"
+    /// The helper umount(8) runs for a mount made with `-o helper=cssp` (mount(8) records the
+    /// option in /run/mount/utab): a link to mount.cssp.
+    static let unmountHelperName = "umount.cssp"
 
     static func run(arguments: [String], programName: String = "mount.cssp") -> Int32 {
         // Only the main thread may receive termination signals (libfuse's handler wakes it);
@@ -50,10 +51,22 @@ enum MountCommand {
         let command: Command
         do throws(ConfigurationError) {
             if programName.split(separator: "/").last.map(String.init) == unmountHelperName {
-                // umount(8): `umount.fuse.cssp MOUNTPOINT [-flags]`.
-                let mountpoints = arguments.filter { !$0.hasPrefix("-") }
+                // umount(8): `umount.cssp MOUNTPOINT [-flags] [-t fuse.cssp] [-N namespace]`.
+                var mountpoints: [String] = []
+                var flags = ""
+                var index = 0
+                while index < arguments.count {
+                    let argument = arguments[index]
+                    index += 1
+                    if argument == "-t" || argument == "-N" {
+                        index += 1
+                    } else if argument.hasPrefix("-") {
+                        flags += argument
+                    } else {
+                        mountpoints.append(argument)
+                    }
+                }
                 guard mountpoints.count == 1 else { throw ConfigurationError("usage: \(unmountHelperName) MOUNTPOINT") }
-                let flags = arguments.filter { $0.hasPrefix("-") && !$0.hasPrefix("--") }.joined()
                 return unmountHelper(mountpoints[0], lazy: flags.contains("l"))
             }
             command = try Arguments.parse(arguments, calledByMount: parentIsMount())

@@ -232,7 +232,8 @@ public enum Arguments {
             options.kernelFlags.append(name)
             return
         }
-        if mountOnlyOptions.contains(name) || name.hasPrefix("x-") || name == "comment" { return }
+        // helper=cssp: mount(8) records it, and umount(8) then runs /sbin/umount.cssp (drains).
+        if mountOnlyOptions.contains(name) || name.hasPrefix("x-") || name == "comment" || name == "helper" { return }
         switch name {
         case "ro": options.readOnly = true
         case "rw": options.readOnly = false  // the last of ro/rw wins, as in mount(8)
@@ -307,7 +308,7 @@ public enum Arguments {
           --stats MOUNTPOINT     the running mount's statistics (Prometheus text format)
           --status MOUNTPOINT    uploads in progress and owed, for people
           --unmount MOUNTPOINT   store what is owed (up to drain_timeout), then unmount; also
-                                 what umount(8) runs as /sbin/umount.fuse.cssp
+                                 what umount(8) runs as /sbin/umount.cssp (-o helper=cssp)
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
@@ -351,6 +352,8 @@ public enum Arguments {
           capath=DIR             directory of hashed CA certificates (openssl rehash)
           insecure               no certificate verification (warned at every mount)
           fsname=NAME            name in the mount table (default: the URL)
+          helper=cssp            for mount(8): umount then runs /sbin/umount.cssp, which waits
+                                 until what is owed is stored (see --unmount)
           log_level=LEVEL        error, warn, notice (default; info with -v), info or debug;
                                  SIGUSR1 turns debug on and off at run time
           nosuid,nodev,noexec,noatime,...  passed to the kernel
@@ -362,7 +365,7 @@ public enum Arguments {
 
         exit status: 0 mounted (with -f: unmounted cleanly), 1 bad arguments or configuration,
         32 the store or the mount failed, 75 unmounted with uploads still owed (journaled).
-        umount(8) runs /sbin/umount.fuse.cssp (a link to mount.cssp): it stores what is owed,
-        then unmounts.
+        With -o helper=cssp (mount(8) records it), umount(8) runs /sbin/umount.cssp (a link to
+        mount.cssp): it stores what is owed, then unmounts.
         """
 }

@@ -43,15 +43,7 @@ struct DrainTests {
             let write = try shell("cp \(quoted(source)) \(quoted(mount.path("owed.txt")))")
             #expect(write.status != 0 && write.stderr.contains("Input/output error"), "\(write.stderr)")
             #expect(throws: ObjectStoreError.self) { _ = try store.head(key: "owed.txt") }
-            // The kernel's release (the last close) tries once more, in the background; the file
-            // is owed once that failed too and its retry is scheduled.
-            let deadline = Date().addingTimeInterval(10)
-            var status = ""
-            repeat {
-                status = try shell("\(quoted(environment.binary)) --status \(quoted(mount.directory))").stdout
-                if status.contains("2 tries failed, next in") { break }
-                usleep(20_000)
-            } while Date() < deadline
+            let status = try DrainTests.waitUntilOwed(environment, mount.directory)
             #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
             // The error lines name the operation, path, key, errno, status and request id.
             let lines = mount.stderrText.split(separator: "\n").filter { $0.contains("error:") }
@@ -71,17 +63,65 @@ struct DrainTests {
         }
     }
 
-    @Test func theUnmountHelperReturnsOnceTheOwedFileIsStored() throws {
+    /// `umount MOUNTPOINT` of a mount made through mount(8) with `-o helper=cssp` runs
+    /// /sbin/umount.cssp (linked to the binary under test here, as the package installs it):
+    /// it returns once the owed file is stored.
+    @Test func umountOfAHelperMountReturnsOnceTheOwedFileIsStored() throws {
+        let environment = try Environment.load()
+        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+        }
+        let container = "drain-" + UUID().uuidString.prefix(6).lowercased()
+        let store = environment.store(container: container)
+        try store.createContainer()
+        let directory = NSTemporaryDirectory() + "cssp-e2e-umount-" + container
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = directory + ".cache"
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        defer { try? FileManager.default.removeItem(atPath: faultFile) }
+        try MountHelperTests().withHelper(environment) {
+            let mounted = try shell(
+                "env -i CSSP_TEST_PENDING_RETRY_SECONDS=3600 /bin/mount -t cssp \(environment.serverURL)/\(container) "
+                    + "\(quoted(directory)) -o passwd_file=\(quoted(environment.passwdFile)),cache_dir=\(quoted(cache)),retries=1,helper=cssp")
+            #expect(mounted.status == 0, "\(mounted.stderr)")
+            defer { if isMounted(directory) { _ = try? shell("umount -i \(quoted(directory))") } }
+            try "PUT status=503 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            let source = cache + "-source.txt"
+            try "owed\n".write(toFile: source, atomically: true, encoding: .utf8)
+            defer { try? FileManager.default.removeItem(atPath: source) }
+            #expect(try shell("cp \(quoted(source)) \(quoted(directory + "/owed.txt"))").status != 0)
+            let status = try Self.waitUntilOwed(environment, directory)
+            #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
+            // The server is back, but slow: each PUT of the file is answered after 1 s. A umount
+            // that did not wait would return before the file is stored.
+            try "PUT stall=1 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            let result = try shell("umount \(quoted(directory))")
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(!isMounted(directory))
+        }
+        #expect(try store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
+    }
+
+    /// `--status` once the kernel's release (the last close, which tries once more in the
+    /// background) has failed too and the retry is scheduled.
+    static func waitUntilOwed(_ environment: Environment, _ directory: String) throws -> String {
+        let deadline = Date().addingTimeInterval(10)
+        var status = ""
+        repeat {
+            status = try shell("\(quoted(environment.binary)) --status \(quoted(directory))").stdout
+            if status.contains("2 tries failed, next in") { break }
+            usleep(20_000)
+        } while Date() < deadline
+        return status
+    }
+
+    /// The same for a user: `mount.cssp --unmount MOUNTPOINT`.
+    @Test func unmountReturnsOnceTheOwedFileIsStored() throws {
         let outage = try Outage()
         defer { outage.cleanUp() }
         try outage.serverIsBack()
-        let helper = NSTemporaryDirectory() + "cssp-e2e-" + outage.container + "/umount.fuse.cssp"
-        try FileManager.default.createDirectory(
-            atPath: (helper as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: (helper as NSString).deletingLastPathComponent) }
-        try FileManager.default.createSymbolicLink(atPath: helper, withDestinationPath: outage.environment.binary)
-        // As umount(8) runs it: `umount.fuse.cssp MOUNTPOINT -n`.
-        let result = try shell("\(quoted(helper)) \(quoted(outage.mount.directory)) -n")
+        let result = try shell("\(quoted(outage.environment.binary)) --unmount \(quoted(outage.mount.directory))")
         #expect(result.status == 0, "\(result.stderr)")
         #expect(try outage.store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
         #expect(!isMounted(outage.mount.directory))

@@ -26,7 +26,7 @@ struct PackageTests {
         #expect(install.status == 0, "\(install.stderr)")
         defer { _ = try? shell("dpkg --purge csspfs") }
         let files = try shell("dpkg -L csspfs").stdout.split(separator: "\n").map(String.init)
-        for path in ["/sbin/mount.cssp", "/sbin/umount.fuse.cssp", "/usr/share/man/man8/mount.cssp.8.gz",
+        for path in ["/sbin/mount.cssp", "/sbin/umount.cssp", "/usr/share/man/man8/mount.cssp.8.gz",
             "/usr/share/doc/csspfs/copyright", "/usr/share/doc/csspfs/examples/mnt-cssp.mount",
             "/usr/share/doc/csspfs/examples/mnt-cssp.automount", "/usr/share/doc/csspfs/examples/fstab"]
         {
@@ -43,7 +43,7 @@ struct PackageTests {
         let cache = directory + ".cache"
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let url = env.serverURL + "/" + fixture.container
-        let options = "passwd_file=\(env.passwdFile),cache_dir=\(cache)"
+        let options = "passwd_file=\(env.passwdFile),cache_dir=\(cache),helper=cssp"
         // mount -t, with an empty environment as systemd gives helpers.
         let viaType = try shell("env -i /bin/mount -t cssp \(url) \(quoted(directory)) -o \(quoted(options))")
         #expect(viaType.status == 0, "\(viaType.stderr)")

@@ -392,11 +392,12 @@ struct HTTPObjectStoreHandle {
     init(_ raw: HTTPObjectStore) { self.raw = raw }
 }
 
-/// mount(8) and fstab: the installed helpers `/sbin/mount.cssp` and `/sbin/umount.fuse.cssp`
-/// (umount(8) runs the latter: it stores what is owed, then unmounts).
+/// mount(8) and fstab: the installed helpers `/sbin/mount.cssp` and `/sbin/umount.cssp`
+/// (umount(8) runs the latter for mounts made with `-o helper=cssp`: it stores what is owed,
+/// then unmounts).
 @Suite(.serialized)
 struct MountHelperTests {
-    static let helpers = ["/sbin/mount.cssp", "/sbin/umount.fuse.cssp"]
+    static let helpers = ["/sbin/mount.cssp", "/sbin/umount.cssp"]
 
     /// Links the built binary as mount(8)'s and umount(8)'s helpers for the duration of `body`.
     func withHelper(_ environment: Environment, _ body: () throws -> Void) throws {
@@ -427,7 +428,7 @@ struct MountHelperTests {
         try withHelper(env) {
             // mount -t, with an empty environment as systemd gives helpers.
             let viaType = try shell(
-                "env -i /bin/mount -t cssp \(url) \(quoted(directory)) -o passwd_file=\(quoted(env.passwdFile)),_netdev,nofail")
+                "env -i /bin/mount -t cssp \(url) \(quoted(directory)) -o passwd_file=\(quoted(env.passwdFile)),_netdev,nofail,helper=cssp")
             #expect(viaType.status == 0, "\(viaType.stderr)")
             #expect(isMounted(directory))
             #expect(try shell("cat \(quoted(directory + "/tree/top.txt"))").stdout == "top\n")
