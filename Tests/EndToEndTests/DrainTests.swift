@@ -24,14 +24,8 @@ struct DrainTests {
 
         init(drainTimeout: Int = 30) throws {
             environment = try Environment.load()
-            guard let faults = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
-                throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
-            }
-            faultFile = faults
-            container = "drain-" + UUID().uuidString.prefix(6).lowercased()
-            store = environment.store(container: container)
-            try store.createContainer()
-            cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+            faultFile = try environment.faultFile()
+            (container, store, cache) = try environment.newContainer("drain")
             mount = try Mount(
                 environment, container: container,
                 options: ["cache_dir=" + cache, "retries=1", "drain_timeout=\(drainTimeout)"],
@@ -68,16 +62,11 @@ struct DrainTests {
     /// it returns once the owed file is stored.
     @Test func umountOfAHelperMountReturnsOnceTheOwedFileIsStored() throws {
         let environment = try Environment.load()
-        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
-            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
-        }
-        let container = "drain-" + UUID().uuidString.prefix(6).lowercased()
-        let store = environment.store(container: container)
-        try store.createContainer()
+        let faultFile = try environment.faultFile()
+        let (container, store, cache) = try environment.newContainer("drain")
         let directory = NSTemporaryDirectory() + "cssp-e2e-umount-" + container
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let cache = directory + ".cache"
         defer { try? FileManager.default.removeItem(atPath: cache) }
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
         try MountHelperTests().withHelper(environment) {

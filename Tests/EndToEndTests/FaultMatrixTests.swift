@@ -37,13 +37,8 @@ struct FaultMatrixTests {
 
     @Test func everyFaultIsSurvivedOrReported() throws {
         let environment = try Environment.load()
-        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
-            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
-        }
-        let container = "faults-" + UUID().uuidString.prefix(6).lowercased()
-        let store = environment.store(container: container)
-        try store.createContainer()
-        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        let faultFile = try environment.faultFile()
+        let (container, store, cache) = try environment.newContainer("faults")
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let local = NSTemporaryDirectory() + "cssp-e2e-faults-" + container
         try FileManager.default.createDirectory(atPath: local, withIntermediateDirectories: true)

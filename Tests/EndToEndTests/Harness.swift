@@ -38,6 +38,24 @@ struct Environment {
             serverDirectory: env["CSSP_SERVER_DIR"])
     }
 
+    /// The test server's fault file (server/cssp_auth.py, parse_faults): a test writes its rules
+    /// and removes it when done.
+    func faultFile() throws -> String {
+        guard let path = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
+            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
+        }
+        return path
+    }
+
+    /// A new container `PREFIX-xxxxxx`, a client for it, and the path of a cache directory of
+    /// its own (not created; the caller removes it).
+    func newContainer(_ prefix: String) throws -> (name: String, store: HTTPObjectStore, cache: String) {
+        let name = prefix + "-" + UUID().uuidString.prefix(6).lowercased()
+        let store = store(container: name)
+        try store.createContainer()
+        return (name, store, NSTemporaryDirectory() + "cssp-e2e-cache-" + name)
+    }
+
     func store(container: String) -> HTTPObjectStore {
         Curl.globalInit()
         var configuration = HTTPStoreConfiguration(

@@ -9,9 +9,7 @@ import Glibc
 struct LogTests {
     @Test func sigusr1TogglesDebugLogging() throws {
         let environment = try Environment.load()
-        let container = "log-" + UUID().uuidString.prefix(6).lowercased()
-        try environment.store(container: container).createContainer()
-        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        let (container, _, cache) = try environment.newContainer("log")
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache])
         /// Waits (bounded) until the daemon's stderr has `text`.

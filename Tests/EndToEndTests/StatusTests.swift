@@ -21,10 +21,7 @@ struct StatusTests {
 
     @Test func statsPrintsEveryDocumentedMetricWithWhatTheMountDid() throws {
         let environment = try Environment.load()
-        let container = "stats-" + UUID().uuidString.prefix(6).lowercased()
-        let store = environment.store(container: container)
-        try store.createContainer()
-        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        let (container, _, cache) = try environment.newContainer("stats")
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "cache_size=100M"])
         let bytes = [UInt8](repeating: 42, count: 300_000)
@@ -60,13 +57,8 @@ struct StatusTests {
     /// its tries and the server's answer; once the server is back it is stored and the list empties.
     @Test func statusListsAnOwedUploadDuringAnOutage() throws {
         let environment = try Environment.load()
-        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
-            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
-        }
-        let container = "status-" + UUID().uuidString.prefix(6).lowercased()
-        let store = environment.store(container: container)
-        try store.createContainer()
-        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        let faultFile = try environment.faultFile()
+        let (container, store, cache) = try environment.newContainer("status")
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "retries=1"])
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
@@ -103,13 +95,8 @@ struct StatusTests {
     /// its bytes sent growing, part by part, against the file's whole size.
     @Test func statusShowsALargeUploadGrowing() throws {
         let environment = try Environment.load()
-        guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
-            throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
-        }
-        let container = "progress-" + UUID().uuidString.prefix(6).lowercased()
-        let store = environment.store(container: container)
-        try store.createContainer()
-        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        let faultFile = try environment.faultFile()
+        let (container, store, cache) = try environment.newContainer("progress")
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let mount = try Mount(
             environment, container: container,
