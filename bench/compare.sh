@@ -9,6 +9,9 @@
 #   create   cp -r of 1000 files of 4 KiB, until all are on the server, files/s
 #   ls       ls -l of a 10 000-object directory: fresh mount, then again on the same mount, s
 #   rsync    rsync -a re-run over 1000 unchanged files after a remount (must send nothing), s
+#   rsync1   rsync -a first run of 1000 files of 1 KiB to 256 KiB into an empty directory, until
+#            all are stored, s; and the HTTP requests the tool sent meanwhile, per file (counted
+#            in the server's access log by User-Agent)
 # and, for every mount the workloads make, the time from the mount command to the first `ls`
 # (median) and the daemon's peak RSS (VmHWM before unmount, maximum).
 #
@@ -16,7 +19,7 @@
 #   RUNS=1 TOOLS="csspfs s3fs-default" WORKLOADS="read ls" bench/compare.sh
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs rclone-default rclone-tuned s3fs-default
-# s3fs-tuned); WORKLOADS (read fio write create ls rsync); FIO_SECONDS (20); WAIT_TIMEOUT
+# s3fs-tuned); WORKLOADS (read fio write create ls rsync rsync1); FIO_SECONDS (20); WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
 # COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
 # left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
@@ -49,7 +52,7 @@ export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
 export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
 ALL_TOOLS="ceiling csspfs rclone-default rclone-tuned s3fs-default s3fs-tuned"
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
-WORKLOADS=${WORKLOADS:-read fio write create ls rsync}
+WORKLOADS=${WORKLOADS:-read fio write create ls rsync rsync1}
 FIO_SECONDS=${FIO_SECONDS:-20}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
 CONTAINER=compare
@@ -64,7 +67,7 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create ls rsync " == *" $w "* ]] || die "unknown workload $w (read fio write create ls rsync)"
+    [[ " read fio write create ls rsync rsync1 " == *" $w "* ]] || die "unknown workload $w (read fio write create ls rsync rsync1)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -341,6 +344,45 @@ workload_rsync() {
     unmount_it
 }
 
+# The requests in the server's access log after byte $1 whose User-Agent starts with $2.
+requests_since() {
+    tail -c +$(($1 + 1)) "$CSSP_SERVER_LOG_DIR/proxy.log" | awk -v agent="$2" '$2 != "-" && index($10, agent) == 1' | wc -l
+}
+access_log_size() { stat -c %s "$CSSP_SERVER_LOG_DIR/proxy.log"; }
+
+workload_rsync1() {
+    local prefix=w-$TOOL_NAME/rsync1/ agent t offset n
+    case $TOOL_NAME in csspfs) agent=csspfs/ ;; rclone*) agent=rclone/ ;; s3fs*) agent=s3fs/ ;; esac
+    mount_fresh
+    mkdir -p "$MNT/w-$TOOL_NAME"
+    offset=$(access_log_size)
+    t=$(now)
+    rsync -a "$SRC_MIXED/" "$MNT/$prefix" || note "WARNING: $TOOL_NAME: rsync exited with $?"
+    if wait_tree "$prefix" "$SRC_MIXED"; then
+        record rsync1 "$(since "$t")"
+    else
+        record rsync1_incomplete 1
+        note "WARNING: $TOOL_NAME: below $prefix the server does not hold the whole tree after $WAIT_TIMEOUT s"
+    fi
+    n=$(requests_since "$offset" "$agent")
+    record rsync1_requests "$(awk -v n="$n" 'BEGIN { print n / 1000 }')"
+    unmount_it
+    remove_writes
+}
+
+# Waits until every file of local tree $2 is stored below prefix $1 with its size (and no
+# other object is: rsync's temporary names must be gone).
+wait_tree() {
+    local deadline=$((SECONDS + WAIT_TIMEOUT)) want have
+    want=$(cd "$2" && find . -type f -printf '%P %s\n' | sort)
+    while :; do
+        have=$("$TOOL" "$URL" ls "$1" | awk -v p="$1" '{ n = substr($NF, length(p) + 1) } n != "" && n !~ /\/$/ { print n, $1 }' | sort)
+        [[ $have == "$want" ]] && return 0
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
 # --- the ceiling: the same requests without a filesystem ---
 
 ceiling_run() {
@@ -400,6 +442,20 @@ if wants write; then
     head -c "$GIB" /dev/urandom >"$SRC_1G"
 fi
 SRC_SMALL=$WORK/small
+SRC_MIXED=$WORK/mixed
+if wants rsync1; then # 1000 files, 1 KiB to 256 KiB
+    /usr/bin/python3 - "$SRC_MIXED" <<'PY'
+import os, random, sys
+root = sys.argv[1]
+os.makedirs(root)
+sizes = random.Random(1)
+for i in range(1000):
+    path = os.path.join(root, "m%04d" % i)
+    with open(path, "wb") as f:
+        f.write(os.urandom(sizes.randint(1024, 256 * 1024)))
+    os.chmod(path, 0o644)
+PY
+fi
 if wants create || wants rsync; then
     # Deterministic content and mtimes (subtlety 3).
     /usr/bin/python3 - "$SRC_SMALL" <<'PY'
@@ -449,6 +505,8 @@ ROWS = [
     ("ls_cold", "ls -l 10 000 entries, fresh mount, s", False),
     ("ls_warm", "ls -l 10 000 entries, same mount, s", False),
     ("rsync", "rsync -a re-run, 1000 unchanged files, s", False),
+    ("rsync1", "rsync -a first run, 1000 files, until stored, s", False),
+    ("rsync1_requests", "  HTTP requests per file in that run", False),
     ("mount", "mount command to first ls, s", False),
     ("rss", "peak RSS of the daemon (VmHWM), MiB", False),
 ]
@@ -495,6 +553,9 @@ if show_ratio:
     print("csspfs/best: csspfs divided by the best peer; above 1 is better for MB/s, IOPS and files/s,"
           " below 1 for s and MiB.")
 for t in tools:
+    if values.get((t, "rsync1_incomplete")):
+        print("note: rsync -a first run on %s never stored the whole tree in %d of %s runs (its time is left out)"
+              % (t, len(values[(t, "rsync1_incomplete")]), runs))
     sent = values.get((t, "rsync_sent"), [])
     if any(sent):
         print("note: the rsync re-run on %s sent %s unchanged files again (runs: %s)"

@@ -42,6 +42,7 @@ enum Tool {
                 baseURL: endpoint.baseURL, container: endpoint.container,
                 signer: RequestSigner(accessKey: credentials.accessKey, secret: credentials.secret))
             configuration.credentialSource = credentials.source
+            configuration.userAgent = "cssp-tool"
             let store = HTTPObjectStore(configuration: configuration, logger: Logger(label: "cssp-tool"))
             try perform(store, prefix: endpoint.prefix, command: arguments[1], args: Array(arguments.dropFirst(2)))
             return 0

@@ -274,6 +274,18 @@ extension Filesystem {
         try commit(open)
     }
 
+    /// fsync: like flush, and the file's owed attributes are stored too (a handle that does not
+    /// write has no spool to store them).
+    public func fsync(handle number: UInt64) throws(FSError) {
+        switch try handle(number) {
+        case .spool(let open, let writable):
+            if writable { try commit(open) }
+            try storeOwedAttributes(open.inode)
+        case .remote(_, let inode, _):
+            try storeOwedAttributes(inode)
+        }
+    }
+
     public func release(handle number: UInt64) {
         guard let handle = state.withLock({ $0.handles.closeFile(number) }) else { return }
         guard case .spool(let open, let writable) = handle else { return }
@@ -394,13 +406,16 @@ extension Filesystem {
                 }
                 return (due, held)
             }
+            // Attribute changes wait for nothing now (they are not stored after the drain).
+            let attributes = storeOwedAttributes()
             let running = transfers.running, owed = transfers.owed
-            if due.isEmpty && running.isEmpty && owed.isEmpty { return [] }
+            if due.isEmpty && running.isEmpty && owed.isEmpty && attributes.isEmpty { return [] }
             let left = deadline - Transfers.monotonic()
-            if left <= 0 { return owed.map(\.key) }
+            if left <= 0 { return owed.map(\.key) + attributes.map { "attributes of \($0)" } }
             let waiting = "waiting up to \(Int(left.rounded(.up))) s (drain_timeout) for \(running.count) upload(s) in progress "
                 + "and \(owed.count) owed" + (owed.isEmpty ? "" : ": " + owed.prefix(5).map { "'\($0.key)'" }.joined(separator: ", "))
                 + (owed.count > 5 ? ", …" : "")
+                + (attributes.isEmpty ? "" : ", and the attributes of \(attributes.count) file(s)")
             if waiting != lastReport {
                 report(waiting)
                 lastReport = waiting
@@ -479,6 +494,7 @@ extension Filesystem {
     /// retry of a failed upload, which first checks that nobody else changed the object.
     func commit(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
         try open.uploadLock.withLock { (_: inout Void) throws(FSError) in try commitLocked(open, owed: owed) }
+        syncAttributeNote(open.inode)
     }
 
     /// `commit`, for a caller that holds the spool's upload lock.
@@ -539,6 +555,8 @@ extension Filesystem {
             if snapshot.dataDirty { o.baseETag = etag }
             return o.uploaded(generation: snapshot.generation)
         }
+        // The upload stored the node's attributes as they were when it started.
+        settleAttributes(open.inode, storedAt: node.attributeVersion)
         state.withLock { s in
             let updated = s.inodes.update(open.inode) { current in
                 current.size = snapshot.size
@@ -667,7 +685,12 @@ extension Filesystem {
                         n.attributeVersion += 1
                     } ?? node
                 }
-                if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
+                // A file whose bytes are all stored (closed, or its release not yet come: rsync's
+                // chmod right after close) owes the change; one with unstored bytes stores it with them.
+                let unstored = state.withLock { $0.openFiles[inode] }.map { open in open.state.withLock { $0.isDirty } } ?? false
+                if defersAttributes(of: updated) && !unstored {
+                    oweAttributes(inode)
+                } else if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
                     try persistAttributes(of: updated)
                 }
             }
@@ -713,7 +736,7 @@ extension Filesystem {
         }
     }
 
-    private func persistAttributesLocked(_ node: Node) throws(FSError) {
+    func persistAttributesLocked(_ node: Node) throws(FSError) {
         forgetPrefetched(keys: [node.key])
         do {
             switch node.kind {
@@ -783,5 +806,6 @@ extension Filesystem {
                     metadata: logFields(failure, operation: "recover"))
             }
         }
+        recoverOwedAttributes()
     }
 }

@@ -293,11 +293,14 @@ extension Filesystem {
                     if s.inodes.child(parent, name)?.inode == target.inode || s.inodes.child(parent, name) == nil {
                         s.inodes.unhook(parent: parent, name: name)
                     }
+                    // Owed attributes of a deleted object: nothing to store them on.
+                    s.inodes.settleAttributes(target.inode)
                     updateListing(parent, name: name, entry: nil, in: &s)
                     s.sweep()
                 }
             }
             if let open { retire(open) }
+            syncAttributeNote(target.inode)
         }
     }
 
@@ -487,16 +490,57 @@ extension Filesystem {
         let (sourceSpool, replacedSpool) = state.withLock { s in
             (s.openFiles[source.inode], existing.flatMap { s.openFiles[$0.inode] })
         }
-        try withUploadsHeld([sourceSpool, replacedSpool].compactMap { $0 }) { () throws(FSError) in
-            // Unstored changes go first, so the copy carries the latest bytes and attributes.
-            if let sourceSpool { try commitLocked(sourceSpool) }
-            var oldManifest: String? = nil
-            if let existing, existing.manifest != nil || existing.size == 0 {
-                oldManifest = (try? store.head(key: existing.key))?.manifest
+        let inodes = [source.inode] + (existing.map { [$0.inode] } ?? [])
+        // The attribute locks first (no owed attributes are stored meanwhile: not the source's
+        // to the old name, not the replaced file's over the copy), then the upload locks.
+        try withAttributesHeld(inodes) { () throws(FSError) in
+            try withUploadsHeld([sourceSpool, replacedSpool].compactMap { $0 }) { () throws(FSError) in
+                try renameFileHeld(source, to: key, replacing: existing, sourceSpool: sourceSpool, replacedSpool: replacedSpool, finish: finish)
             }
-            var newManifest: String? = nil
-            do throws(ObjectStoreError) {
-                let info = try store.head(key: source.key)
+        }
+        for inode in inodes { syncAttributeNote(inode) }
+        if let replacedSpool { retire(replacedSpool) }
+    }
+
+    private func renameFileHeld(
+        _ source: Node, to key: String, replacing existing: Node?, sourceSpool: SpoolFile?, replacedSpool: SpoolFile?,
+        finish: (inout State) -> Void
+    ) throws(FSError) {
+        // Unstored changes go first, so the copy carries the latest bytes and attributes.
+        if let sourceSpool { try commitLocked(sourceSpool) }
+        var oldManifest: String? = nil
+        if let existing, existing.manifest != nil || existing.size == 0 {
+            oldManifest = (try? store.head(key: existing.key))?.manifest
+        }
+        // The node as it is now (the commit above may have stored it).
+        let current = state.withLock { $0.inodes[source.inode] } ?? source
+        var newManifest: String? = nil
+        // Owed attributes ride on the copy (which then stores them); otherwise it keeps the source's own.
+        var form: (contentType: String, metadata: [String: String])? = current.attributesOwed ? storedForm(of: current) : nil
+        do throws(ObjectStoreError) {
+            if !current.etag.isEmpty && current.manifest == nil
+                && now() - current.metadataKnownAt <= configuration.attributeCacheSeconds
+            {
+                // Just stored or confirmed (rsync's temporary file): a plain object whose metadata
+                // the node knows, so no HEAD.
+                try store.copy(from: source.key, to: key, contentType: form?.contentType, metadata: form?.metadata)
+                try Self.deleteMoved(store, source.key)
+            } else {
+                var info = try store.head(key: source.key)
+                if current.attributesOwed && info.etag != current.etag {
+                    // Another client replaced the object since the change: it keeps theirs.
+                    form = nil
+                    state.withLock { s in
+                        _ = s.inodes.update(source.inode) { apply(info, to: &$0, seenAtVersion: current.attributeVersion) }
+                    }
+                } else if current.attributesOwed {
+                    form = (
+                        current.stored.contentType(base: StoredAttributes.parse(contentType: info.contentType).base),
+                        current.stored.metadata(mergedInto: info.metadata)
+                    )
+                    info.contentType = form!.contentType
+                    info.metadata = form!.metadata
+                }
                 if let manifest = info.manifest {
                     // The new name points at the same parts. Only parts below the old name itself
                     // (the SDK's layout) move, to ours: left there they would turn into a
@@ -511,21 +555,27 @@ extension Filesystem {
                     try Self.moveManifest(store, from: source.key, to: key, target: target, info: info, sharedParts: sharedParts)
                     newManifest = target
                 } else {
-                    try store.copy(from: source.key, to: key, metadata: nil)
+                    try store.copy(from: source.key, to: key, contentType: form?.contentType, metadata: form?.metadata)
                     try Self.deleteMoved(store, source.key)
                 }
-            } catch {
-                throw FSError(storeError: error, operation: "rename", path: source.key)
             }
-            // POSIX: the replaced file's data is gone; its writers keep a file no name leads to.
-            if let replacedSpool { markRemoved(replacedSpool) }
-            state.withLock { s in
-                if let newManifest { s.inodes.update(source.inode) { $0.manifest = newManifest } }
-                finish(&s)
-            }
-            if let oldManifest, oldManifest != newManifest { uploader.deleteParts(manifest: oldManifest, ofKey: key) }
+        } catch {
+            throw FSError(storeError: error, operation: "rename", path: source.key)
         }
-        if let replacedSpool { retire(replacedSpool) }
+        // POSIX: the replaced file's data is gone; its writers keep a file no name leads to.
+        if let replacedSpool { markRemoved(replacedSpool) }
+        state.withLock { s in
+            if let newManifest { s.inodes.update(source.inode) { $0.manifest = newManifest } }
+            finish(&s)
+            // The copy stored the owed attributes, unless they changed since; the replaced
+            // file's are owed to an object that is gone.
+            if current.attributesOwed, form != nil, s.inodes[source.inode]?.attributeVersion == current.attributeVersion {
+                s.inodes.settleAttributes(source.inode)
+            }
+            if let existing, existing.inode != source.inode { s.inodes.settleAttributes(existing.inode) }
+            s.sweep()
+        }
+        if let oldManifest, oldManifest != newManifest { uploader.deleteParts(manifest: oldManifest, ofKey: key) }
     }
 
     /// Writes `key` as a manifest of `target` (with `info`'s type and metadata) and deletes the
@@ -573,7 +623,7 @@ extension Filesystem {
         let destination = Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
         let keys = try store.listAll(prefix: prefix, delimiter: nil).map(\.name)
         for key in keys {
-            try store.copy(from: key, to: destination + String(key.dropFirst(prefix.count)), metadata: nil)
+            try store.copy(from: key, to: destination + String(key.dropFirst(prefix.count)))
         }
         for key in keys { try? store.delete(key: key) }
         return destination
@@ -585,6 +635,10 @@ extension Filesystem {
         _ directory: Node, to destination: String, replacing existing: Node?, finish: (inout State) -> Void
     ) throws(FSError) {
         let source = directory.key
+        // Owed attributes below go first: the copies below keep what the server has.
+        if let failed = storeOwedAttributes(below: source).first {
+            throw FSError(.ioError, "rename '\(source)': the attributes of '\(failed)' cannot be stored now; try again")
+        }
         let spools: [SpoolFile] = state.withLock { s in
             s.openFiles.values.filter { open in s.inodes[open.inode].map { $0.key.utf8.starts(with: source.utf8) } ?? false }
         }
@@ -618,8 +672,8 @@ extension Filesystem {
                 do throws(ObjectStoreError) {
                     typed = ObjectKey.isDirectoryContentType(try store.head(key: typedMarker).contentType)
                 } catch where error.code == .notFound {}
-                for marker in markers { try store.copy(from: marker, to: moved(marker), metadata: nil) }
-                if typed { try store.copy(from: typedMarker, to: String(destination.dropLast()), metadata: nil) }
+                for marker in markers { try store.copy(from: marker, to: moved(marker)) }
+                if typed { try store.copy(from: typedMarker, to: String(destination.dropLast())) }
             } catch {
                 throw FSError(storeError: error, operation: "rename (partly done)", path: source)
             }
@@ -640,7 +694,7 @@ extension Filesystem {
                     }
                     try Self.moveManifest(store, from: summary.key, to: newKey, target: target, info: info, sharedParts: sharedParts)
                 } else {
-                    try store.copy(from: summary.key, to: newKey, metadata: nil)
+                    try store.copy(from: summary.key, to: newKey)
                     try Self.deleteMoved(store, summary.key)
                 }
             }

@@ -12,12 +12,14 @@ import Glibc
 //
 // Every lock of the FileSystem module, in the order they may be taken (a lock may be taken while
 // holding only locks above it):
-//   1. `SpoolFile.uploadLock` (SerialLock, one per spool): serialises the uploads of one file and
+//   1. `attributeLocks[inode % 64]` (SerialLock): serialises one node's attribute HEAD + POST,
+//      the store of its owed attributes and its attribute note. HELD ACROSS NETWORK I/O on
+//      purpose. Several are held at once only by `withAttributesHeld` (a file rename), in stripe
+//      order, before it takes upload locks.
+//   2. `SpoolFile.uploadLock` (SerialLock, one per spool): serialises the uploads of one file and
 //      keeps a namespace operation's change of that file from racing its upload. HELD ACROSS
 //      NETWORK I/O on purpose. Several are held at once only by `withUploadsHeld` (rename,
-//      unlink), always in inode order.
-//   2. `attributeLocks[inode % 64]` (SerialLock): serialises one node's attribute HEAD + POST.
-//      HELD ACROSS NETWORK I/O on purpose. Never taken with an upload lock held, nor the reverse.
+//      unlink), always in inode order. No attribute lock is taken while one is held.
 //   3. `state` (Locked<State>): the inode table, directory cache, handles and spools. Never held
 //      across I/O (network, SQLite, spool files) or a FUSE reply.
 //   4. `SpoolFile.state` (Locked): one spool's counters; taken inside `state` (attach, retire) or alone.
@@ -100,10 +102,10 @@ public final class Filesystem: Sendable {
     let pool: BackgroundPool
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
-    /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 5).
+    /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 6).
     let prefetch = Locked(PrefetchState())
     let prefetching = DispatchGroup()
-    /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 2).
+    /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 1).
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
 
     public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {

@@ -22,8 +22,15 @@ struct Node {
     var confirmedAt: Double = 0
     /// Lookups the kernel holds (see `InodeTable`).
     fileprivate(set) var lookups: UInt64 = 0
-    /// Spools holding the node (open for writing, or an upload still owed): 0 or 1.
+    /// What holds the node besides the kernel: its spool (open for writing, or an upload still
+    /// owed) and owed attributes, one pin each.
     fileprivate(set) var pins = 0
+    /// Attribute changes (chmod, chown, utimes) of a closed file not stored yet: they are in
+    /// `stored`, journaled, and stored by the next upload, rename or flush (see
+    /// `Filesystem+Attributes`). What the server says about this version must not overwrite
+    /// them; another version (another client's PUT) voids them (`Node.apply`, `Node.merge`).
+    /// Set only by `InodeTable.oweAttributes`.
+    var attributesOwed = false
     /// Whether a name in the tree leads to the node (false once unlinked or replaced).
     fileprivate(set) var linked = true
     /// Bumped when this mount stores new bytes or gives the file a spool: a read handle opened
@@ -112,8 +119,11 @@ struct InodeTable {
         node.key = old.key
         node.lookups = old.lookups
         node.pins = old.pins
+        // The merge rules may void owed attributes; nothing makes them owed here.
+        node.attributesOwed = old.attributesOwed && node.attributesOwed
         node.linked = old.linked
         nodes[inode] = node
+        if old.attributesOwed && !node.attributesOwed { unpin(inode) }
         return node
     }
 
@@ -125,6 +135,7 @@ struct InodeTable {
         nextInode += 1
         node.lookups = 1
         node.pins = 0
+        node.attributesOwed = false
         node.linked = true
         unhook(parent: node.parent, name: node.name)
         nodes[node.inode] = node
@@ -200,6 +211,24 @@ struct InodeTable {
     mutating func pin(_ inode: InodeNumber) {
         nodes[inode]?.pins += 1
     }
+
+    /// The node's attributes are owed to the server: it lives (pinned once) until `settleAttributes`.
+    mutating func oweAttributes(_ inode: InodeNumber) {
+        guard var node = nodes[inode], !node.attributesOwed else { return }
+        node.attributesOwed = true
+        node.pins += 1
+        nodes[inode] = node
+    }
+
+    /// The owed attributes are stored (or the object is gone): the pin `oweAttributes` took goes.
+    mutating func settleAttributes(_ inode: InodeNumber) {
+        guard let node = nodes[inode], node.attributesOwed else { return }
+        nodes[inode]?.attributesOwed = false
+        unpin(inode)
+    }
+
+    /// Nodes whose attributes are owed.
+    var nodesOwingAttributes: [Node] { nodes.compactMap { $0.value.attributesOwed ? $0.value : nil } }
 
     mutating func unpin(_ inode: InodeNumber) {
         guard var node = nodes[inode] else { return }

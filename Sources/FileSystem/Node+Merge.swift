@@ -2,13 +2,21 @@ import ObjectStore
 
 /// The attribute merge rules: what a HEAD, a listing entry or both say about an object, merged
 /// into what a node knows. Pure functions of the node, the answers and the time, so that each
-/// rule is pinned by a table test (`NodeMergeTests`). Local changes made since `version` win.
+/// rule is pinned by a table test (`NodeMergeTests`). Local changes made since `version` win, and
+/// so do attributes still owed to the server (`attributesOwed`).
 extension Node {
     static let ownMetadataNames: Set<String> = ["mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader]
+
+    /// Owed attributes belong to the version they were made on: when the server holds another
+    /// one (another client replaced the object), the other client's change came later and wins.
+    mutating func voidOwedAttributes(ifStoredAs serverETag: String) {
+        if attributesOwed && !etag.isEmpty && serverETag != etag { attributesOwed = false }
+    }
 
     /// Takes what a HEAD said; the stored attributes only if no local change happened since the
     /// HEAD was sent (`seenAtVersion`).
     mutating func apply(_ info: ObjectInfo, seenAtVersion version: UInt64, now: Double) {
+        voidOwedAttributes(ifStoredAs: info.etag)
         let sameVersion = !etag.isEmpty && etag == info.etag
         size = info.size
         etag = info.etag
@@ -17,7 +25,7 @@ extension Node {
         // the kernel makes it drop the file's page cache (and `ls -l` would jitter).
         let headTime = Timestamp(info.lastModified)
         if !(sameVersion && headTime.agrees(with: lastModified)) { lastModified = headTime }
-        if attributeVersion == version { stored = StoredAttributes.of(info) }
+        if attributeVersion == version && !attributesOwed { stored = StoredAttributes.of(info) }
         baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         manifest = info.manifest
         extraMetadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
@@ -35,7 +43,13 @@ extension Node {
     ) {
         switch entry.kind {
         case .file, .symlink, .fifo, .socket:
-            let unchanged = attributeVersion == version
+            if let info {
+                voidOwedAttributes(ifStoredAs: info.etag)
+            } else if entry.size > 0 {
+                // (A zero-byte entry may be a DLO manifest, whose listed ETag is not its own.)
+                voidOwedAttributes(ifStoredAs: entry.etag)
+            }
+            let unchanged = attributeVersion == version && !attributesOwed
             if let info {
                 if etag != entry.etag && info.etag == entry.etag {
                     // What the listing showed, so that `apply` keeps its precise time.

@@ -17,7 +17,10 @@ import Glibc
 ///    are not uploaded, but kept in `lost+found/` (a note may have failed to be written on a
 ///    full disk) and logged. What is found is found when the directory is taken, before this
 ///    process makes files of its own there.
-/// 4. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
+/// 4. Attribute changes of closed files not stored yet (see `Filesystem+Attributes`) have an
+///    `INODE.attributes` note each, in the same encoding; a later mount stores them (a POST) if
+///    the object is still the version they were made on.
+/// 5. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
 ///    directories once their process is gone (their lock is free) and recovers them too.
 final class Spool: Sendable {
     let directory: String
@@ -26,6 +29,8 @@ final class Spool: Sendable {
     private let lockDescriptors: Locked<[Int32]>
     /// What earlier processes left in `directory` and the adopted directories (data path, note).
     let leftovers: [(data: String, upload: PendingUpload?)]
+    /// The attribute notes earlier processes left (note path, what it says).
+    let attributeLeftovers: [(note: String, change: PendingUpload)]
 
     /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until `unlock`).
     /// When another live mount of the same URL holds it, a private `directory.PID` is used instead,
@@ -42,14 +47,17 @@ final class Spool: Sendable {
         }
         self.directory = directory
         var locks = [fd]
-        var found = Spool.scan(directory)
+        var (found, attributes) = Spool.scan(directory)
         for sibling in Spool.siblings(of: requested) where sibling != directory {
             let siblingLock = Spool.lock(sibling)
             guard siblingLock >= 0 else { continue }  // its mount is alive
             locks.append(siblingLock)
-            found += Spool.scan(sibling)
+            let (data, notes) = Spool.scan(sibling)
+            found += data
+            attributes += notes
         }
         leftovers = found
+        attributeLeftovers = attributes
         lockDescriptors = Locked(locks)
     }
 
@@ -77,19 +85,39 @@ final class Spool: Sendable {
         return names
     }
 
-    /// Data files in `directory` with their notes (nil: no note), oldest name first.
-    private static func scan(_ directory: String) -> [(data: String, upload: PendingUpload?)] {
+    /// Data files in `directory` with their notes (nil: no note), oldest name first; and the
+    /// attribute notes.
+    private static func scan(_ directory: String)
+        -> (data: [(data: String, upload: PendingUpload?)], attributes: [(note: String, change: PendingUpload)])
+    {
         var data: [String] = []
         var notes: [String: String] = [:]
+        var attributes: [(note: String, change: PendingUpload)] = []
         for name in entries(of: directory) {
+            let path = directory + "/" + name
             if name.hasSuffix(".data") { data.append(name) }
-            if name.hasSuffix(".pending.new") { unlink(directory + "/" + name) }  // a note never finished
+            if name.hasSuffix(".pending.new") || name.hasSuffix(attributeNoteSuffix + ".new") {
+                unlink(path)  // a note never finished
+            }
             if name.hasSuffix(".pending") {
-                notes[String(name.dropLast(".pending".count)) + ".data"] = Spool.read(directory + "/" + name)
+                notes[String(name.dropLast(".pending".count)) + ".data"] = Spool.read(path)
+            }
+            if name.hasSuffix(attributeNoteSuffix) {
+                if let change = Spool.read(path).flatMap(PendingUpload.init(decoding:)) {
+                    attributes.append((path, change))
+                } else {
+                    unlink(path)
+                }
             }
         }
-        return data.sorted().map { name in (directory + "/" + name, notes[name].flatMap(PendingUpload.init(decoding:))) }
+        let uploads = data.sorted().map { name in (directory + "/" + name, notes[name].flatMap(PendingUpload.init(decoding:))) }
+        return (uploads, attributes)
     }
+
+    static let attributeNoteSuffix = ".attributes"
+
+    /// Where the attribute note of `inode` is.
+    func attributeNotePath(_ inode: InodeNumber) -> String { directory + "/" + String(inode) + Self.attributeNoteSuffix }
 
     /// Moves a data file no note describes to `lost+found/` beside it; returns the new path.
     static func keepLost(dataPath: String) -> String? {
@@ -198,16 +226,25 @@ final class Spool: Sendable {
     /// Writes the note that marks `dataPath` as an upload still owed (a new file, renamed over
     /// the old note, so that a crash leaves one whole note or the other).
     static func writePendingNote(dataPath: String, upload: PendingUpload) {
-        let note = String(dataPath.dropLast(".data".count)) + ".pending"
+        writeNote(String(dataPath.dropLast(".data".count)) + ".pending", upload, sync: true)
+    }
+
+    /// Writes a note: a new file, renamed over the old one, so that a crash leaves one whole note
+    /// or the other. `sync`: on the disk before this returns (else it survives the process, not a
+    /// power cut). Returns whether the note is written.
+    @discardableResult
+    static func writeNote(_ note: String, _ upload: PendingUpload, sync: Bool) -> Bool {
         // A fresh file, never one a link points at: a leftover ".new" (a crash) is removed first.
         unlink(note + ".new")
         let fd = open(note + ".new", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return }
+        guard fd >= 0 else { return false }
         let bytes = upload.encoded
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd) == 0
+        let synced = !sync || fsync(fd) == 0
         close(fd)
-        if written == bytes.count && synced { rename(note + ".new", note) } else { unlink(note + ".new") }
+        if written == bytes.count && synced && rename(note + ".new", note) == 0 { return true }
+        unlink(note + ".new")
+        return false
     }
 
     /// Removes the note only: the spool's bytes are owed to nobody any more (unlinked, replaced).

@@ -195,7 +195,7 @@ final class SpoolFile: Sendable {
 
     /// Protects the state (lock 4 of the LOCKING block in Filesystem.swift).
     let state: Locked<SpoolState>
-    /// Serialises uploads of this file (lock 1 of the LOCKING block in Filesystem.swift).
+    /// Serialises uploads of this file (lock 2 of the LOCKING block in Filesystem.swift).
     let uploadLock = SerialLock()
 
     init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {

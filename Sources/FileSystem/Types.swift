@@ -133,6 +133,9 @@ public struct FilesystemConfiguration: Sendable {
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).
     public var backgroundThreads: Int = 32
+    /// Seconds a chmod, chown or utimes of a closed file waits for a rename or upload to carry it
+    /// before it is POSTed on its own (0: POSTed at once). See `Filesystem+Attributes`.
+    public var attributeWriteDelay: Double = 1
     /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).
     public var pendingRetrySeconds: Double = 2
     /// The clock cache ages are measured on, in seconds (nil: the monotonic clock). Tests set it

@@ -238,7 +238,7 @@ public final class FuseAdapter: Sendable {
 
     func flush(_ reply: consuming Reply, handle: UInt64, operation: String) {
         serve(operation, "fh=\(handle)", reply) { (r: inout Reply?) throws(FSError) in
-            try filesystem.flush(handle: handle)
+            if operation == "fsync" { try filesystem.fsync(handle: handle) } else { try filesystem.flush(handle: handle) }
             r.take()!.ok()
         }
     }

@@ -177,6 +177,7 @@ enum MountCommand {
         var storeConfiguration = HTTPStoreConfiguration(
             baseURL: options.endpoint.baseURL, container: options.endpoint.container,
             signer: RequestSigner(accessKey: credentials.accessKey, secret: credentials.secret))
+        storeConfiguration.userAgent = "csspfs/\(Self.version)"
         storeConfiguration.connectTimeout = options.connectTimeout
         storeConfiguration.stallTimeout = options.stallTimeout
         storeConfiguration.lowSpeedLimit = options.lowSpeedLimit
@@ -242,6 +243,7 @@ enum MountCommand {
         fsConfiguration.readOnly = options.readOnly
         fsConfiguration.directoryCacheSeconds = options.directoryTimeout
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
+        fsConfiguration.attributeWriteDelay = options.attributeWriteDelay
         fsConfiguration.directoryTime = Timestamp.now()
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
         fsConfiguration.memoryBudget = MemoryBudget(limit: Int64(options.memoryMiB) << 20)

@@ -20,6 +20,9 @@ public struct MountOptions: Sendable, Equatable {
     public var gid: UInt32? = nil
     public var umask: UInt16 = 0o022
     public var attributeTimeout = 1.0
+    /// Seconds a chmod, chown or utimes of a closed file waits for a rename or upload to carry
+    /// it before it is stored on its own (0: at once).
+    public var attributeWriteDelay = 1.0
     public var entryTimeout = 1.0
     public var negativeTimeout = 1.0
     public var directoryTimeout = 5.0
@@ -250,6 +253,7 @@ public enum Arguments {
             }
             options.umask = v
         case "attr_timeout": options.attributeTimeout = try seconds()
+        case "attr_write_delay": options.attributeWriteDelay = try seconds()
         case "entry_timeout": options.entryTimeout = try seconds()
         case "negative_timeout": options.negativeTimeout = try seconds()
         case "dir_timeout": options.directoryTimeout = try seconds()
@@ -339,6 +343,9 @@ public enum Arguments {
           multipart_threshold_mb=N  files larger than this are uploaded in parts (default 64)
           part_size_mb=N         size of one part (default 32)
           upload_parallel=N      parts uploaded at once (default 4)
+          attr_write_delay=S     a chmod, chown or touch of a closed file waits this long for a rename
+                                 or write to carry it before it is stored alone; journaled meanwhile
+                                 (default 1; 0 = at once)
           drain_timeout=S        at unmount, wait this long for uploads in progress and owed
                                  (default 120); what is left stays journaled for the next mount
           max_threads=N          FUSE worker threads (default 16)

@@ -170,8 +170,11 @@ public protocol ObjectStore: Sendable {
         key: String, manifest: String, contentType: String?, metadata: [String: String]
     ) throws(ObjectStoreError)
 
-    /// Server-side copy of `source` to `destination`, keeping metadata unless `metadata` is given.
-    func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError)
+    /// Server-side copy of `source` to `destination`. The copy keeps the source's metadata and
+    /// content type, unless `metadata` (the complete set, replacing all of it) or `contentType`
+    /// is given.
+    func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
+        throws(ObjectStoreError)
 
     func delete(key: String) throws(ObjectStoreError)
 
@@ -199,6 +202,11 @@ extension ObjectStore {
     }
 
     /// GETs a range into memory.
+    /// A server-side copy that keeps the source's metadata and content type.
+    public func copy(from source: String, to destination: String) throws(ObjectStoreError) {
+        try copy(from: source, to: destination, contentType: nil, metadata: nil)
+    }
+
     public func getBytes(key: String, range: ByteRange?) throws(ObjectStoreError) -> [UInt8] {
         var bytes: [UInt8] = []
         if let range { bytes.reserveCapacity(Int(range.length)) }

@@ -43,6 +43,8 @@ public struct HTTPStoreConfiguration: Sendable {
     public var clockOffsetSeconds: Int = 0
     /// Where the credentials came from, named in authentication errors (never the secret itself).
     public var credentialSource: String = "the credentials"
+    /// Sent as `User-Agent`, so that a server's access log tells our requests from others'.
+    public var userAgent: String? = nil
 
     public init(baseURL: String, container: String, signer: RequestSigner) {
         self.baseURL = baseURL
@@ -163,7 +165,7 @@ public final class HTTPObjectStore: ObjectStore {
         _ = try send(request)
     }
 
-    public func copy(from source: String, to destination: String, metadata: [String: String]?)
+    public func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
         throws(ObjectStoreError)
     {
         var request = Request(method: "PUT", key: destination)
@@ -176,6 +178,7 @@ public final class HTTPObjectStore: ObjectStore {
             request.headers.append(("X-Fresh-Metadata", "true"))
             request.headers += Self.metadataHeaders(metadata)
         }
+        if let contentType { request.contentType = contentType }
         var attempt = 0
         while true {
             attempt += 1
@@ -439,6 +442,7 @@ public final class HTTPObjectStore: ObjectStore {
             _ = cssp_curl_setopt_ptr(h, CURLOPT_URL, target)
             _ = cssp_curl_setopt_ptr(h, CURLOPT_HTTPHEADER, list)
             _ = cssp_curl_setopt_long(h, CURLOPT_NOSIGNAL, 1)
+            if let agent = configuration.userAgent { _ = cssp_curl_setopt_ptr(h, CURLOPT_USERAGENT, agent) }
             _ = cssp_curl_setopt_long(h, CURLOPT_CONNECTTIMEOUT, configuration.connectTimeout)
             if request.isCopy {
                 _ = cssp_curl_setopt_long(h, CURLOPT_TIMEOUT, configuration.copyTimeout)

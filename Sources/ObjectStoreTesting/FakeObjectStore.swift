@@ -214,13 +214,17 @@ public final class FakeObjectStore: ObjectStore {
         }
     }
 
-    public func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError) {
+    public func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
+        throws(ObjectStoreError)
+    {
+        if let metadata { try Self.check(key: destination, metadata: metadata) }
         try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.copy += 1
             guard var object = s.objects[source.exact] else {
                 throw ObjectStoreError(.notFound, "'\(source)' does not exist", httpStatus: 404)
             }
             if let metadata { object.metadata = metadata }
+            if let contentType { object.contentType = contentType }
             s.objects[destination.exact] = object
         }
     }

@@ -157,9 +157,11 @@ public final class FaultInjectingStore: ObjectStore {
         }
     }
 
-    public func copy(from source: String, to destination: String, metadata: [String: String]?) throws(ObjectStoreError) {
+    public func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
+        throws(ObjectStoreError)
+    {
         try run(.copy, destination) { () throws(ObjectStoreError) in
-            try wrapped.copy(from: source, to: destination, metadata: metadata)
+            try wrapped.copy(from: source, to: destination, contentType: contentType, metadata: metadata)
         }
     }
 

@@ -87,7 +87,7 @@ final class Fixture: Sendable {
         try shell("head -c \(Self.hugePartSize) /dev/urandom > \(quoted(part))")
         try store.put(key: "huge-parts/00000000", body: .file(path: part, offset: 0, length: Self.hugePartSize), contentType: nil, metadata: [:])
         try Self.parallel(Self.hugeParts - 1, jobs: 4) { i in
-            try store.copy(from: "huge-parts/00000000", to: "huge-parts/" + String(format: "%08d", i + 1), metadata: nil)
+            try store.copy(from: "huge-parts/00000000", to: "huge-parts/" + String(format: "%08d", i + 1))
         }
         try store.putManifest(key: "huge.bin", partPrefix: "huge-parts/", contentType: nil, metadata: [:])
 

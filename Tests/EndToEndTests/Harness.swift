@@ -82,6 +82,25 @@ struct Environment {
     }
 }
 
+extension Environment {
+    /// Requests of clients (not the server's own subrequests) to `container` that the proxy
+    /// logged as started at or after `since` (Unix seconds), by method.
+    func clientRequests(container: String, since: Double) throws -> [String: Int] {
+        guard let serverDirectory else { throw HarnessError("CSSP_SERVER_DIR is not set (scripts/test sets it)") }
+        let log = try String(contentsOfFile: serverDirectory + "/log/proxy.log", encoding: .utf8)
+        var counts: [String: Int] = [:]
+        for line in log.split(separator: "\n") where line.contains("/\(container)/") || line.contains("/\(container) ") {
+            let fields = line.split(separator: " ")
+            // "proxy-server:" client remote time METHOD path ...; a subrequest has client "-".
+            guard fields.count > 5, fields[1] != "-", let start = Double(fields[fields.count - 3]), start >= since else {
+                continue
+            }
+            counts[String(fields[4]), default: 0] += 1
+        }
+        return counts
+    }
+}
+
 struct HarnessError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }

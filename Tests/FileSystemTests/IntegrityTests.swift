@@ -18,8 +18,9 @@ struct IntegrityTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
 
-    func makeFilesystem(_ store: any ObjectStore) -> Filesystem {
+    func makeFilesystem(_ store: any ObjectStore, attributeWriteDelay: Double = 1) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        configuration.attributeWriteDelay = attributeWriteDelay
         configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
         configuration.listPageSize = 2
         configuration.pendingRetrySeconds = 3600
@@ -590,11 +591,12 @@ struct IntegrityTests {
         #expect(try list(fs, root) == ["d", "e"])
     }
 
-    /// chmod whose POST fails returns EIO and the file keeps its mode, here and on the server.
+    /// chmod whose POST fails returns EIO and the file keeps its mode, here and on the server
+    /// (when attribute changes are stored at once; owed ones: `OwedAttributesTests`).
     @Test func aFailedChmodKeepsTheOldMode() throws {
         let fake = FakeObjectStore()
         let store = FaultInjectingStore(fake)
-        let fs = makeFilesystem(store)
+        let fs = makeFilesystem(store, attributeWriteDelay: 0)
         defer { fs.shutdown() }
         let f = try createFile(fs, root, "f", "text")
         store.failNext(.post)

@@ -10,8 +10,11 @@ import Testing
 struct FilesystemWriteTests {
     let caller = Caller(uid: 1000, gid: 100)
 
-    func makeFilesystem(_ store: FakeObjectStore, threshold: Int64 = 1 << 20, partSize: Int64 = 256 << 10) -> Filesystem {
+    func makeFilesystem(
+        _ store: FakeObjectStore, threshold: Int64 = 1 << 20, partSize: Int64 = 256 << 10, attributeWriteDelay: Double = 1
+    ) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        configuration.attributeWriteDelay = attributeWriteDelay
         configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
         configuration.multipartThreshold = threshold
         configuration.partSize = partSize
@@ -177,7 +180,7 @@ struct FilesystemWriteTests {
 
     @Test func chmodAndUtimesRightAfterWritingNeedNoHead() throws {
         let store = FakeObjectStore()
-        let fs = makeFilesystem(store)
+        let fs = makeFilesystem(store, attributeWriteDelay: 0)
         let attributes = try storeFile(fs, "r", Array("rsync".utf8))
         store.resetCounts()
         _ = try fs.setattr(attributes.inode, AttributeChanges(mode: 0o600))
@@ -207,6 +210,7 @@ struct FilesystemWriteTests {
         let inode = try fs.lookup(parent: Filesystem.rootInode, name: "f").inode
         let attributes = try fs.setattr(inode, AttributeChanges(mode: 0o600, modified: Timestamp(seconds: 1_000_000_000, nanoseconds: 5)))
         #expect(attributes.permissions == 0o600)
+        #expect(fs.storeOwedAttributes().isEmpty)
         let stored = try #require(store.object("f"))
         #expect(stored.metadata["color"] == "blue")
         #expect(stored.metadata["mode"] == "0600")

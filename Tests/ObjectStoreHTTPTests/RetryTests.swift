@@ -116,7 +116,7 @@ struct RetryTests {
     /// again (a long copy sent again and again never finishes).
     @Test func aCopyWhoseAnswerWasLostIsNotSentAgain() throws {
         let server = try LocalHTTPServer(script: Self.server)
-        try server.store().copy(from: "source", to: "destination", metadata: nil)
+        try server.store().copy(from: "source", to: "destination")
         #expect(try log(server).filter { $0.request.hasPrefix("PUT") }.count == 1)
     }
 

@@ -1,0 +1,178 @@
+import ObjectStore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Owed attributes: a chmod, chown or utimes of a closed file is not POSTed at once. The change
+/// is in the node (`stored`), journaled in the spool directory, and stored by whichever comes
+/// first:
+/// 1. the rename of the file, whose server-side COPY carries it (rsync sets mode and times on
+///    its temporary file and renames it: PUT, COPY, DELETE instead of PUT, POST, POST, HEAD,
+///    COPY, DELETE);
+/// 2. an upload of the file (its PUT carries the node's attributes);
+/// 3. an fsync on a handle of the file, the drain at unmount, or `attributeWriteDelay` seconds.
+///
+/// Subtleties:
+/// 1. While attributes are owed, the node is pinned and nothing the server says overwrites
+///    `stored` (`Node.apply`, `Node.merge`).
+/// 2. Whatever stores the node's attributes settles them only if the node's `attributeVersion`
+///    is still the one it stored; a later change stays owed.
+/// 3. The note (`Spool.attributeNotePath`) follows the owed flag: written or removed under the
+///    node's attribute lock (`syncAttributeNote`), never under the state lock. It is not fsynced:
+///    it survives the process (kill -9), not a power cut. A later mount stores it only if the
+///    object still has the ETag the change was made on.
+/// 4. Unlink and a rename over the node settle it without storing: the object is gone.
+extension Filesystem {
+    /// Whether a change of `node`'s attributes waits (see above) instead of a POST now.
+    func defersAttributes(of node: Node) -> Bool {
+        configuration.attributeWriteDelay > 0 && node.kind == .file && node.linked && !node.etag.isEmpty
+    }
+
+    /// Marks `inode`'s attributes owed, journals them and schedules their store.
+    func oweAttributes(_ inode: InodeNumber) {
+        withAttributeLock(inode) {
+            state.withLock { $0.inodes.oweAttributes(inode) }
+            syncAttributeNoteLocked(inode)
+        }
+        scheduleOwedAttributes(inode, tries: 0)
+    }
+
+    private func scheduleOwedAttributes(_ inode: InodeNumber, tries: Int) {
+        let delay = min(60, configuration.attributeWriteDelay * Double(1 << min(tries, 10)))
+        pool.submit(after: delay) { [self] in
+            do throws(FSError) {
+                try storeOwedAttributes(inode)
+            } catch {
+                logger.warning(
+                    "storing owed attributes failed, retried later: \(error.message)", metadata: logFields(error, operation: "setattr"))
+                if state.withLock({ $0.inodes[inode]?.attributesOwed ?? false }) {
+                    scheduleOwedAttributes(inode, tries: tries + 1)
+                }
+            }
+        }
+    }
+
+    /// Stores `inode`'s owed attributes now (a POST), if any are owed. Unless the node's metadata
+    /// was just confirmed, a HEAD first checks that the object is still the version they were
+    /// made on (else they are void: see `Node.voidOwedAttributes`).
+    func storeOwedAttributes(_ inode: InodeNumber) throws(FSError) {
+        try attributeLocks[Int(inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) throws(FSError) in
+            defer { syncAttributeNoteLocked(inode) }
+            guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
+            var contentType: String, metadata: [String: String], manifest: String?
+            (contentType, metadata) = storedForm(of: node)
+            manifest = node.manifest
+            do throws(ObjectStoreError) {
+                if now() - node.metadataKnownAt > configuration.attributeCacheSeconds {
+                    let info = try store.head(key: node.key)
+                    guard info.etag == node.etag else {
+                        state.withLock { s in
+                            _ = s.inodes.update(inode) { apply(info, to: &$0, seenAtVersion: node.attributeVersion) }
+                        }
+                        return
+                    }
+                    contentType = node.stored.contentType(base: StoredAttributes.parse(contentType: info.contentType).base)
+                    metadata = node.stored.metadata(mergedInto: info.metadata)
+                    manifest = info.manifest
+                }
+                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: manifest)
+            } catch where error.code == .notFound {
+                // Deleted by another client: nothing to store them on.
+            } catch {
+                throw FSError(storeError: error, operation: "set attributes of", path: node.key)
+            }
+            settleAttributes(inode, storedAt: node.attributeVersion)
+        }
+    }
+
+    /// Stores every owed attribute change below `prefix` (before a directory rename) or all of
+    /// them (drain); returns the keys that failed.
+    @discardableResult
+    func storeOwedAttributes(below prefix: String? = nil) -> [String] {
+        let owing = state.withLock { $0.inodes.nodesOwingAttributes }
+        var failed: [String] = []
+        for node in owing where prefix.map({ node.key.utf8.starts(with: $0.utf8) }) ?? true {
+            do {
+                try storeOwedAttributes(node.inode)
+            } catch {
+                failed.append(node.key)
+            }
+        }
+        return failed
+    }
+
+    /// The owed attributes of `inode` are stored as of `version` (or the object is gone):
+    /// settled unless the node changed since.
+    func settleAttributes(_ inode: InodeNumber, storedAt version: UInt64) {
+        state.withLock { s in
+            guard let node = s.inodes[inode], node.attributesOwed, node.attributeVersion == version else { return }
+            s.inodes.settleAttributes(inode)
+            s.sweep()
+        }
+    }
+
+    /// Brings `inode`'s attribute note in line with the node: written while attributes are owed,
+    /// removed once they are not.
+    func syncAttributeNote(_ inode: InodeNumber) {
+        withAttributeLock(inode) { syncAttributeNoteLocked(inode) }
+    }
+
+    private func syncAttributeNoteLocked(_ inode: InodeNumber) {
+        let path = spool.attributeNotePath(inode)
+        guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else {
+            Glibc.unlink(path)
+            return
+        }
+        let (contentType, metadata) = storedForm(of: node)
+        let change = Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: node.etag)
+        if !Spool.writeNote(path, change, sync: false) {
+            logger.warning("cannot journal the attributes of '\(node.key)' in \(path): they are stored at the next chance only")
+        }
+    }
+
+    private func withAttributeLock(_ inode: InodeNumber, _ body: () -> Void) {
+        attributeLocks[Int(inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) in body() }
+    }
+
+    /// Runs `body` holding the attribute locks of `inodes` (in stripe order, each stripe once).
+    func withAttributesHeld<T>(_ inodes: [InodeNumber], _ body: () throws(FSError) -> T) throws(FSError) -> T {
+        let stripes = Set(inodes.map { Int($0 % UInt64(attributeLocks.count)) }).sorted()
+        return try holdingAttributes(stripes[...], body)
+    }
+
+    private func holdingAttributes<T>(_ stripes: ArraySlice<Int>, _ body: () throws(FSError) -> T) throws(FSError) -> T {
+        guard let first = stripes.first else { return try body() }
+        return try attributeLocks[first].withLock { (_: inout Void) throws(FSError) -> T in
+            try holdingAttributes(stripes.dropFirst(), body)
+        }
+    }
+
+    /// Stores the attribute changes an earlier process journaled, where the object is still the
+    /// version they were made on.
+    func recoverOwedAttributes() {
+        for (note, change) in spool.attributeLeftovers {
+            do {
+                let info = try store.head(key: change.key)
+                guard info.etag == change.base else {
+                    logger.warning(
+                        "attributes of '\(change.key)' owed by an earlier mount are dropped: another client changed the object since")
+                    Glibc.unlink(note)
+                    continue
+                }
+                var metadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
+                for (name, value) in change.metadata where Node.ownMetadataNames.contains(name) { metadata[name] = value }
+                try store.post(key: change.key, contentType: change.contentType, metadata: metadata, manifest: info.manifest)
+                Glibc.unlink(note)
+                logger.notice("stored the attributes of '\(change.key)', owed by an earlier mount")
+            } catch where error.code == .notFound {
+                Glibc.unlink(note)
+            } catch {
+                let failure = FSError(storeError: error, operation: "recover", path: change.key)
+                logger.error(
+                    "cannot store the attributes of '\(change.key)' yet: \(error); the note \(note) stays for the next mount",
+                    metadata: logFields(failure, operation: "recover"))
+            }
+        }
+    }
+}

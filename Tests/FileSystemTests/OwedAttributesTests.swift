@@ -1,0 +1,212 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// Attribute changes of closed files wait (owed) for a rename or an upload to carry them
+/// (`Filesystem+Attributes`): what rsync's chmod, utimes and rename of its temporary file cost,
+/// what a listing or another client's change does to an owed change, and how a later mount
+/// stores one from its note.
+struct OwedAttributesTests {
+    let root = Filesystem.rootInode
+    let clock = ManualClock()
+    let spool = NSTemporaryDirectory() + "cssp-owed-spool-" + UUID().uuidString
+
+    func makeFilesystem(_ store: any ObjectStore) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = spool
+        configuration.pendingRetrySeconds = 3600
+        // No timer fires during a test: `storeOwedAttributes()` stands for the delay passing.
+        configuration.attributeWriteDelay = 3600
+        let clock = self.clock
+        configuration.clock = { clock.now }
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    let mtime = Timestamp(seconds: 1_500_000_000, nanoseconds: 7)
+
+    /// A file "f" stored, then chmod 600 (owed).
+    func fileWithAnOwedChmod(_ fs: Filesystem) throws -> Attributes {
+        let file = try fs.storeFile(root, "f", Array("x".utf8))
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        return file
+    }
+
+    @Test func rsyncsChmodUtimesAndRenameCostACopyAndADelete() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let temporary = try fs.storeFile(root, ".f.Ab12Cd", Array("rsync".utf8), mode: 0o600)
+        // rsync has looked at the destination directory: its listing answers the lookup of "f".
+        let listed = try fs.opendir(root)
+        try fs.readdirplus(root, handle: listed, offset: 0) { _, _, _, _, _ in true }
+        fs.releasedir(handle: listed)
+        store.resetCounts()
+        _ = try fs.setattr(temporary.inode, AttributeChanges(mode: 0o640))
+        _ = try fs.setattr(temporary.inode, AttributeChanges(modified: mtime))
+        try fs.rename(parent: root, name: ".f.Ab12Cd", newParent: root, newName: "f", noReplace: false)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.counts.copy == 1)
+        #expect(store.counts.delete == 1)
+        #expect(store.counts.post == 0)
+        #expect(store.counts.head == 0)
+        let stored = try #require(store.object("f"))
+        #expect(stored.bytes == Array("rsync".utf8))
+        #expect(stored.metadata["mode"] == "0640")
+        #expect(stored.metadata["mtime"] == "1500000000.000000007")
+        #expect(StoredAttributes.parse(contentType: stored.contentType).attributes.mode == 0o640)
+        #expect(store.object(".f.Ab12Cd") == nil)
+        let shown = try fs.lookup(parent: root, name: "f")
+        #expect(shown.permissions == 0o640 && shown.modified == mtime)
+    }
+
+    @Test func anOwedChangeWithNoRenameIsStoredInOnePostWithoutAHead() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let file = try fs.storeFile(root, "r", Array("data".utf8))
+        store.resetCounts()
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        _ = try fs.setattr(file.inode, AttributeChanges(modified: mtime))
+        #expect(store.counts.post == 0)
+        #expect(try fs.getattr(file.inode).permissions == 0o600)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.counts.post == 1)
+        #expect(store.counts.head == 0)
+        let stored = try #require(store.object("r"))
+        #expect(stored.metadata["mode"] == "0600" && stored.metadata["mtime"] == "1500000000.000000007")
+        #expect(stored.bytes == Array("data".utf8))
+        // Stored once: nothing is owed any more.
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.counts.post == 1)
+    }
+
+    @Test func aHeadOrAListingDoesNotUndoAnOwedChange() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let file = try fileWithAnOwedChmod(fs)
+        clock.advance(60)
+        #expect(try fs.getattr(file.inode).permissions == 0o600)  // a HEAD
+        let listed = try fs.opendir(root)
+        try fs.readdirplus(root, handle: listed, offset: 0) { _, _, _, _, _ in true }
+        fs.releasedir(handle: listed)
+        #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+    }
+
+    @Test func anotherClientsNewVersionVoidsTheOwedChange() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let file = try fs.storeFile(root, "f", Array("mine".utf8))
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        store.seed("f", text: "theirs")
+        clock.advance(60)
+        store.resetCounts()
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.counts.post == 0)
+        #expect(store.object("f")?.metadata["mode"] == nil)
+        #expect(try fs.getattr(file.inode).permissions == 0o644)
+    }
+
+    @Test func aLaterMountStoresTheOwedChangeFromItsNote() throws {
+        let store = FakeObjectStore()
+        let first = makeFilesystem(store)
+        let file = try first.storeFile(root, "f", Array("x".utf8))
+        _ = try first.setattr(file.inode, AttributeChanges(mode: 0o600, modified: mtime))
+        // The process ends without storing it (killed): only the note is left.
+        first.shutdown()
+        #expect(store.object("f")?.metadata["mode"] == "0644")
+        let second = makeFilesystem(store)
+        defer { second.shutdown() }
+        second.recoverPendingUploads()
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+        #expect(store.object("f")?.metadata["mtime"] == "1500000000.000000007")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".attributes") }.isEmpty)
+    }
+
+    @Test func aLaterMountDropsANoteWhoseObjectWasReplaced() throws {
+        let store = FakeObjectStore()
+        let first = makeFilesystem(store)
+        _ = try fileWithAnOwedChmod(first)
+        first.shutdown()
+        store.seed("f", text: "another client's")
+        let second = makeFilesystem(store)
+        defer { second.shutdown() }
+        store.resetCounts()
+        second.recoverPendingUploads()
+        #expect(store.counts.post == 0)
+        #expect(store.object("f")?.metadata["mode"] == nil)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".attributes") }.isEmpty)
+    }
+
+    @Test func unlinkDropsTheOwedChange() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try fileWithAnOwedChmod(fs)
+        try fs.unlink(parent: root, name: "f")
+        store.resetCounts()
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.counts.post == 0 && store.counts.put == 0)
+        #expect(store.object("f") == nil)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".attributes") }.isEmpty)
+    }
+
+    @Test func aRenameOverAFileWithAnOwedChangeKeepsTheRenamedFilesAttributes() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let replaced = try fs.storeFile(root, "a", Array("old".utf8))
+        _ = try fs.setattr(replaced.inode, AttributeChanges(mode: 0o600))
+        try fs.storeFile(root, "b", Array("new".utf8), mode: 0o755)
+        try fs.rename(parent: root, name: "b", newParent: root, newName: "a", noReplace: false)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        let stored = try #require(store.object("a"))
+        #expect(stored.bytes == Array("new".utf8))
+        #expect(stored.metadata["mode"] == "0755")
+        #expect(try fs.lookup(parent: root, name: "a").permissions == 0o755)
+    }
+
+    @Test func aDirectoryRenameStoresOwedChangesBelowItFirst() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let directory = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: Caller(uid: 0, gid: 0))
+        let file = try fs.storeFile(directory.inode, "f", Array("x".utf8))
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        try fs.rename(parent: root, name: "d", newParent: root, newName: "e", noReplace: false)
+        #expect(store.object("e/f")?.metadata["mode"] == "0600")
+        #expect(store.object("d/f") == nil)
+    }
+
+    @Test func fsyncOfAReadOnlyHandleStoresTheOwedChange() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let file = try fileWithAnOwedChmod(fs)
+        let opened = try fs.open(file.inode, writable: false, truncate: false)
+        defer { fs.release(handle: opened.handle) }
+        try fs.fsync(handle: opened.handle)
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+    }
+
+    @Test func anOwedChangeWhosePostFailsStaysOwedAndIsStoredLater() throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let file = try fileWithAnOwedChmod(fs)
+        store.failNext(.post)
+        #expect(fs.storeOwedAttributes() == ["f"])
+        #expect(try fs.getattr(file.inode).permissions == 0o600)
+        #expect(fake.object("f")?.metadata["mode"] == "0644")
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(fake.object("f")?.metadata["mode"] == "0600")
+    }
+}
