@@ -8,7 +8,9 @@ import Synchronization
 import Glibc
 #endif
 
-/// Fixed-size blocks of objects, kept in one SQLite database that survives unmount.
+/// Fixed-size blocks of objects, kept across mounts: the bytes in a data file of block-sized
+/// slots (`PATH-data`), and what they are in a SQLite database (`PATH`): which object, which
+/// version, how many bytes, which slot, when last used.
 ///
 /// A block is identified by the object's name (store identity and key), its ETag and its index
 /// (offset / `blockSize`). A read asks for the ETag the filesystem just confirmed, so a changed
@@ -17,19 +19,33 @@ import Glibc
 ///
 /// Subtleties:
 /// 1. Writes are asynchronous and batched: `store` queues a block (bounded; over the bound the
-///    block is not cached) and one serial writer stores the queue in one transaction. A queued
-///    block is already readable (`read` looks at the queue first).
-/// 2. The size cap holds across threads and processes: the byte total is a row in the database,
-///    read and updated inside the same `BEGIN IMMEDIATE` transaction that inserts and evicts.
-///    Eviction removes the least recently used blocks (`used`, in microseconds; a hit refreshes
-///    it at most once a second, in the writer's next batch).
-/// 3. A read holds its statement open while it reads the blob, so a concurrent eviction in
-///    another process cannot swap the row under it (WAL gives the read a snapshot).
-/// 4. A file that is not our database (damaged, foreign, or an older schema) is deleted and
+///    block is not cached, so a slow disk never slows a reader) and one serial writer stores
+///    the queue. A queued block is already readable (`read` looks at the queue first).
+/// 2. A batch is three steps: one transaction evicts what must go, takes slots for the new
+///    blocks and records them as pending (size -1, never read); then the bytes are written
+///    into the slots with `pwrite`, outside any transaction; then a second transaction records
+///    their sizes. SQLite never copies block bytes (before, it wrote each block twice: WAL,
+///    then checkpoint), and whole page-aligned blocks bypass the page cache (O_DIRECT), which
+///    made caching a cold read cost nothing measurable.
+/// 3. A slot is written only after the transaction that freed it committed, and a read checks
+///    after its `pread` that the row it read is still there. A read whose bytes a new block
+///    overwrote therefore finds its row gone, and is a miss. This holds across processes (two
+///    mounts sharing a cache directory), as the transactions are SQLite's.
+/// 4. The size cap is in slots: the data file never grows beyond `capacity / blockSize` slots.
+///    Mounts sharing a cache directory should give the same `cache_size`: a smaller one cuts
+///    the file to its own size (the other mount's blocks beyond it become misses).
+/// 5. Crashes. A pending row of a killed writer is never read, and is evicted like any block
+///    once it is ten minutes old (a live writer finishes in far less). A killed mount leaves
+///    the data file's bytes in the page cache, so the next mount of the same boot trusts every
+///    recorded block. A power cut may lose data pages whose rows survived: the database records
+///    the boot of its last change and whether the data file was synced since (`markClean`, at
+///    unmount), and a cache changed in an earlier boot and not synced starts empty.
+/// 6. A file that is not our database (damaged, foreign, or an older layout) is deleted and
 ///    rebuilt with a warning. Damage found later disables the cache for this mount and deletes
-///    the file so that the next mount starts clean. The cache never fails a read: a problem is a miss.
-/// 5. Lock order: `pending`, then `readers`; neither is held during SQLite I/O, except that the
-///    writer connection is only ever used on `writerQueue`.
+///    the files so that the next mount starts clean. The cache never fails a read: a problem
+///    is a miss.
+/// 7. Lock order: `pending`, then `readers`; neither is held during SQLite or file I/O, except
+///    that the writer connection is only ever used on `writerQueue`.
 public final class BlockCache: Sendable {
     /// Which object's bytes: `name` = store identity + key, `etag` = the version.
     public struct Object: Sendable, Hashable {
@@ -44,12 +60,17 @@ public final class BlockCache: Sendable {
     public let blockSize: Int
     public let capacity: Int64
     public let path: String
+    /// The block bytes: slot `n` at offset `n * blockSize`.
+    public var dataPath: String { path + "-data" }
     private let logger: Logger
 
     static let applicationID: Int64 = 0x4353_5046  // "CSPF"
-    static let schemaVersion: Int64 = 1
+    /// 2: block bytes in the data file (1 kept them in the database).
+    static let schemaVersion: Int64 = 2
     /// Queued bytes beyond which new blocks are not cached (bounds memory when the disk is slow).
     public static let maximumQueuedBytes = 16 << 20
+    /// A pending row older than this (microseconds) belongs to a writer that died.
+    static let abandonedAfter: Int64 = 600_000_000
 
     private struct BlockID: Hashable {
         var name: String
@@ -100,14 +121,23 @@ public final class BlockCache: Sendable {
     private let writerQueue = DispatchQueue(label: "csspfs.block-cache.writer")
     private let disabled = Atomic<Bool>(false)
     private let clock: @Sendable () -> Int64
+    /// The data file, shared by readers (`pread`) and the writer (`pwrite`).
+    private let data: Int32
+    /// The data file opened with O_DIRECT for writing whole page-aligned blocks (-1 where the
+    /// file system has no O_DIRECT, such as tmpfs): no copy into the page cache, no writeback.
+    private let directData: Int32
+    private let slots: Int64
+    /// Tests only: runs between a read's lookup of its row and its `pread` (subtlety 3).
+    let afterLookup = Locked<(@Sendable () -> Void)?>(nil)
 
     // MARK: Opening
 
     /// Opens (or creates, or rebuilds) the cache at `path`; nil, with a warning, if it cannot be used.
-    /// `clock` (microseconds) orders blocks for eviction; tests inject one.
+    /// `clock` (microseconds) orders blocks for eviction and `boot` names this boot (subtlety 5);
+    /// tests inject both.
     public static func open(
         path: String, capacity: Int64, blockSize: Int, logger: Logger,
-        clock: @escaping @Sendable () -> Int64 = BlockCache.now
+        clock: @escaping @Sendable () -> Int64 = BlockCache.now, boot: String = BlockCache.currentBoot()
     ) -> BlockCache? {
         guard capacity >= Int64(blockSize) else { return nil }
         let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast()
@@ -120,7 +150,7 @@ public final class BlockCache: Sendable {
             }
         }
         do {
-            return try BlockCache(path: path, capacity: capacity, blockSize: blockSize, logger: logger, clock: clock)
+            return try BlockCache(path: path, capacity: capacity, blockSize: blockSize, logger: logger, clock: clock, boot: boot)
         } catch let error as Unusable {
             logger.warning("block cache \(path) \(error.reason): rebuilding it")
         } catch let error as SQLiteError where error.isDamage {
@@ -131,7 +161,7 @@ public final class BlockCache: Sendable {
         }
         removeFiles(path)
         do {
-            return try BlockCache(path: path, capacity: capacity, blockSize: blockSize, logger: logger, clock: clock)
+            return try BlockCache(path: path, capacity: capacity, blockSize: blockSize, logger: logger, clock: clock, boot: boot)
         } catch {
             logger.warning("block cache \(path) cannot be rebuilt, reads will not be cached: \(error)")
             return nil
@@ -143,13 +173,15 @@ public final class BlockCache: Sendable {
     }
 
     private init(
-        path: String, capacity: Int64, blockSize: Int, logger: Logger, clock: @escaping @Sendable () -> Int64
+        path: String, capacity: Int64, blockSize: Int, logger: Logger, clock: @escaping @Sendable () -> Int64,
+        boot: String
     ) throws {
         self.path = path
         self.clock = clock
         self.capacity = capacity
         self.blockSize = blockSize
         self.logger = logger
+        slots = capacity / Int64(blockSize)
         // Cached bytes are as private as the container: only the mounting user may read them
         // (SQLite gives its -wal and -shm files the database file's mode).
         let fd = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
@@ -161,7 +193,19 @@ public final class BlockCache: Sendable {
         try connection.execute("PRAGMA busy_timeout=5000")
         try Self.prepareSchema(connection, blockSize: blockSize)
         try connection.execute("PRAGMA synchronous=NORMAL; PRAGMA cache_size=-2048")
+        data = Glibc.open(path + "-data", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard data >= 0 else {
+            throw SQLiteError(code: SQLITE_CANTOPEN, message: "open \(path)-data: \(String(cString: strerror(errno)))")
+        }
+        fchmod(data, 0o600)
+        directData = Glibc.open(path + "-data", O_WRONLY | cssp_o_direct() | O_CLOEXEC | O_NOFOLLOW)
         writer = try WriteConnection(connection)
+        try writer.open(slots: slots, blockSize: Int64(blockSize), data: data, boot: boot, logger: logger, path: path)
+    }
+
+    deinit {
+        close(data)
+        if directData >= 0 { close(directData) }
     }
 
     /// Creates the schema in a new file, or checks that an existing file is ours.
@@ -171,19 +215,20 @@ public final class BlockCache: Sendable {
             guard try db.integer("SELECT count(*) FROM sqlite_master") == 0 else {
                 throw Unusable(reason: "is some other program's database")
             }
-            // Large pages keep a block's overflow chain short; both must precede the first table.
-            try db.execute("PRAGMA page_size=65536; PRAGMA journal_mode=WAL")
+            try db.execute("PRAGMA journal_mode=WAL")
             try db.execute("BEGIN IMMEDIATE")
             if try db.integer("PRAGMA application_id") == 0 {
                 try db.execute(
                     """
                     CREATE TABLE blocks(
-                        name TEXT NOT NULL, idx INTEGER NOT NULL, etag TEXT NOT NULL,
-                        size INTEGER NOT NULL, used INTEGER NOT NULL, data BLOB NOT NULL,
+                        id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, idx INTEGER NOT NULL,
+                        etag TEXT NOT NULL, size INTEGER NOT NULL, used INTEGER NOT NULL, slot INTEGER NOT NULL UNIQUE,
                         UNIQUE(name, idx));
                     CREATE INDEX blocks_by_use ON blocks(used);
-                    CREATE TABLE settings(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-                    INSERT INTO settings VALUES('block_size', \(blockSize)), ('bytes', 0);
+                    CREATE TABLE free(slot INTEGER PRIMARY KEY);
+                    CREATE TABLE settings(name TEXT PRIMARY KEY, value NOT NULL);
+                    INSERT INTO settings VALUES('block_size', \(blockSize)), ('slots', 0), ('boot', ''), ('clean', 1),
+                        ('changes', 0);
                     PRAGMA application_id=\(applicationID);
                     PRAGMA user_version=\(schemaVersion);
                     """)
@@ -195,19 +240,21 @@ public final class BlockCache: Sendable {
         guard try db.integer("PRAGMA user_version") == schemaVersion else {
             throw Unusable(reason: "has an older layout")
         }
-        try db.execute("PRAGMA journal_mode=WAL; PRAGMA journal_size_limit=\(16 << 20); PRAGMA wal_autocheckpoint=256")
-        if try db.integer("SELECT value FROM settings WHERE name='block_size'") != Int64(blockSize) {
-            // Blocks of another size cannot answer reads: start over, keeping the file.
-            try db.execute(
-                """
-                BEGIN IMMEDIATE; DELETE FROM blocks; UPDATE settings SET value=0 WHERE name='bytes';
-                UPDATE settings SET value=\(blockSize) WHERE name='block_size'; COMMIT
-                """)
-        }
+        try db.execute("PRAGMA journal_mode=WAL; PRAGMA journal_size_limit=\(4 << 20)")
     }
 
     static func removeFiles(_ path: String) {
-        for suffix in ["", "-wal", "-shm", "-journal"] { unlink(path + suffix) }
+        for suffix in ["", "-wal", "-shm", "-journal", "-data"] { unlink(path + suffix) }
+    }
+
+    /// This boot's identity (`/proc/sys/kernel/random/boot_id`).
+    public static func currentBoot() -> String {
+        let fd = Glibc.open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "unknown" }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let n = Glibc.read(fd, &buffer, buffer.count)
+        return n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self).trimmingSpaces : "unknown"
     }
 
     // MARK: Reading
@@ -229,7 +276,19 @@ public final class BlockCache: Sendable {
         if queued { return true }
         let now = clock()
         return withReader { (reader) throws(SQLiteError) in
-            try reader.read(object, index: index, range: range, into: destination, now: now)
+            guard let found = try reader.find(object, index: index, upTo: range.upperBound) else { return (false, nil) }
+            afterLookup.withLock { $0 }?()
+            let offset = off_t(found.slot * Int64(blockSize) + Int64(range.lowerBound))
+            var done = 0
+            while done < range.count {
+                let n = pread(data, destination + done, range.count - done, offset + off_t(done))
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { return (false, nil) }
+                done += n
+            }
+            // Subtlety 3: the row still there means its slot was not written over meanwhile.
+            guard try reader.exists(found.row) else { return (false, nil) }
+            return (true, found.used < now - 1_000_000 ? found.row : nil)
         } ?? false
     }
 
@@ -238,7 +297,7 @@ public final class BlockCache: Sendable {
         guard !disabled.load(ordering: .relaxed) else { return false }
         let queued = pending.withLock { p in p.blocks[BlockID(name: object.name, index: index)]?.etag == object.etag }
         if queued { return true }
-        return withReader { (reader) throws(SQLiteError) in try reader.contains(object, index: index) } ?? false
+        return withReader { (reader) throws(SQLiteError) in (try reader.find(object, index: index, upTo: 0) != nil, nil) } ?? false
     }
 
     private func withReader<R>(_ body: (ReadConnection) throws(SQLiteError) -> (R, touch: Int64?)) -> R? {
@@ -294,7 +353,23 @@ public final class BlockCache: Sendable {
         writerQueue.sync {}
     }
 
-    /// Runs on `writerQueue`: writes what is queued in one transaction.
+    /// At unmount: writes what is queued, syncs the data file, and records that it is synced
+    /// (subtlety 5), unless another mount changed the cache meanwhile.
+    public func markClean() {
+        waitUntilWritten()
+        writerQueue.sync {
+            guard !disabled.load(ordering: .relaxed) else { return }
+            do throws(SQLiteError) {
+                let changes = try writer.changes()
+                guard fdatasync(data) == 0 else { return }
+                try writer.markClean(ifChanges: changes)
+            } catch {
+                failed(error, during: "mark clean")
+            }
+        }
+    }
+
+    /// Runs on `writerQueue`: stores what is queued (subtlety 2).
     private func drain() {
         let (blocks, touches): ([(BlockID, Queued)], Set<Int64>) = pending.withLock { p in
             p.scheduled = false
@@ -303,14 +378,39 @@ public final class BlockCache: Sendable {
         }
         if !disabled.load(ordering: .relaxed) {
             do {
-                try writer.write(
-                    blocks.map { ($0.0.name, $0.0.index, $0.1) }, touches: touches, capacity: capacity, now: clock())
+                let planned = try writer.reserve(
+                    blocks.map { ($0.0.name, $0.0.index, $0.1.etag, $0.1.range.count) }, touches: touches, slots: slots,
+                    now: clock())
+                var written: [(row: Int64, size: Int)] = []
+                var lost: [Int64] = []
+                for (position, row, slot) in planned {
+                    let block = blocks[position].1
+                    if write(block, at: slot) { written.append((row, block.range.count)) } else { lost.append(row) }
+                }
+                if !planned.isEmpty { try writer.finish(written, lost: lost) }
             } catch {
                 failed(error, during: "write")
             }
         }
         pending.withLock { p in
             for (id, block) in blocks { p.remove(id, only: block.bytes) }
+        }
+    }
+
+    /// Writes a block's bytes into its slot; false on a failure (a full disk: the block is not cached).
+    private func write(_ block: Queued, at slot: Int64) -> Bool {
+        let offset = off_t(slot * Int64(blockSize))
+        return block.bytes.withBytes(block.range) { bytes in
+            let aligned = Int(bitPattern: bytes.baseAddress!) % 4096 == 0 && bytes.count % 4096 == 0
+            let fd = aligned && directData >= 0 ? directData : data
+            var done = 0
+            while done < bytes.count {
+                let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, offset + off_t(done))
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { return false }
+                done += n
+            }
+            return true
         }
     }
 
@@ -327,10 +427,13 @@ public final class BlockCache: Sendable {
 
     // MARK: Inspection
 
-    /// Blocks and bytes held (the byte total is the one the cap is enforced on).
-    public func statistics() -> (blocks: Int64, bytes: Int64, recordedBytes: Int64) {
+    /// Blocks and bytes held, and the bytes the data file takes on disk (what the cap bounds).
+    public func statistics() -> (blocks: Int64, bytes: Int64, diskBytes: Int64) {
         waitUntilWritten()
-        return withReader { (reader) throws(SQLiteError) in (try reader.statistics(), nil) } ?? (0, 0, 0)
+        let (blocks, bytes) = withReader { (reader) throws(SQLiteError) in (try reader.statistics(), nil) } ?? (0, 0)
+        var st = stat()
+        let disk = fstat(data, &st) == 0 ? Int64(st.st_blocks) * 512 : 0
+        return (blocks, bytes, disk)
     }
 
     /// Bytes held as stored so far (blocks still queued are not counted yet): a gauge for
@@ -349,147 +452,252 @@ public final class BlockCache: Sendable {
     /// A connection for reads, with its statements. Used by one thread at a time (taken from `readers`).
     private final class ReadConnection: @unchecked Sendable {
         let db: SQLiteConnection
-        let find: SQLiteStatement
+        let findRow: SQLiteStatement
+        let rowExists: SQLiteStatement
         let count: SQLiteStatement
 
         init(path: String) throws(SQLiteError) {
             db = try SQLiteConnection(path: path)
             try db.execute("PRAGMA busy_timeout=5000; PRAGMA cache_size=-1024")
-            find = try db.prepare("SELECT rowid, etag, size, used FROM blocks WHERE name=?1 AND idx=?2")
-            count = try db.prepare("SELECT count(*), coalesce(sum(size), 0), (SELECT value FROM settings WHERE name='bytes') FROM blocks")
+            findRow = try db.prepare("SELECT id, etag, size, used, slot FROM blocks WHERE name=?1 AND idx=?2")
+            rowExists = try db.prepare("SELECT 1 FROM blocks WHERE id=?1 AND size>=0")
+            count = try db.prepare("SELECT count(*), coalesce(sum(size), 0) FROM blocks WHERE size>=0")
         }
 
-        /// Finds the row of a block of the right version holding at least `upTo` bytes.
-        private func row(_ object: Object, index: Int64, upTo: Int) throws(SQLiteError) -> (row: Int64, used: Int64)? {
-            find.bind(1, object.name)
-            find.bind(2, index)
-            guard try find.step(), find.text(1) == object.etag, find.integer(2) >= Int64(upTo) else { return nil }
-            return (find.integer(0), find.integer(3))
+        /// The row of a block of the right version holding at least `upTo` bytes.
+        func find(_ object: Object, index: Int64, upTo: Int) throws(SQLiteError) -> (row: Int64, used: Int64, slot: Int64)? {
+            defer { findRow.reset() }
+            findRow.bind(1, object.name)
+            findRow.bind(2, index)
+            guard try findRow.step(), findRow.text(1) == object.etag, findRow.integer(2) >= Int64(upTo),
+                findRow.integer(2) >= 0
+            else { return nil }
+            return (findRow.integer(0), findRow.integer(3), findRow.integer(4))
         }
 
-        func read(
-            _ object: Object, index: Int64, range: Range<Int>, into destination: UnsafeMutableRawPointer, now: Int64
-        ) throws(SQLiteError) -> (Bool, touch: Int64?) {
-            defer { find.reset() }
-            guard let (row, used) = try row(object, index: index, upTo: range.upperBound) else { return (false, nil) }
-            var blob: OpaquePointer? = nil
-            var rc = sqlite3_blob_open(db.handle, "main", "blocks", "data", row, 0, &blob)
-            guard rc == SQLITE_OK else {
-                sqlite3_blob_close(blob)
-                throw db.error(rc, "open block blob")
-            }
-            rc = sqlite3_blob_read(blob, destination, Int32(range.count), Int32(range.lowerBound))
-            sqlite3_blob_close(blob)
-            guard rc == SQLITE_OK else { throw db.error(rc, "read block blob") }
-            return (true, used < now - 1_000_000 ? row : nil)
+        func exists(_ row: Int64) throws(SQLiteError) -> Bool {
+            defer { rowExists.reset() }
+            rowExists.bind(1, row)
+            return try rowExists.step()
         }
 
-        func contains(_ object: Object, index: Int64) throws(SQLiteError) -> (Bool, touch: Int64?) {
-            defer { find.reset() }
-            return (try row(object, index: index, upTo: 0) != nil, nil)
-        }
-
-        func statistics() throws(SQLiteError) -> (Int64, Int64, Int64) {
+        func statistics() throws(SQLiteError) -> (Int64, Int64) {
             defer { count.reset() }
-            guard try count.step() else { return (0, 0, 0) }
-            return (count.integer(0), count.integer(1), count.integer(2))
+            guard try count.step() else { return (0, 0) }
+            return (count.integer(0), count.integer(1))
         }
     }
 
     /// The one connection that writes, with its statements. Used only on `writerQueue`.
     private final class WriteConnection: @unchecked Sendable {
         let db: SQLiteConnection
-        let total: SQLiteStatement
-        let setTotal: SQLiteStatement
+        let setting: SQLiteStatement
+        let setSetting: SQLiteStatement
         let existing: SQLiteStatement
         let deleteRow: SQLiteStatement
         let deleteOtherVersions: SQLiteStatement
         let oldest: SQLiteStatement
+        let takeFree: SQLiteStatement
+        let addFree: SQLiteStatement
         let insert: SQLiteStatement
+        let finishRow: SQLiteStatement
         let touch: SQLiteStatement
+        /// This boot, recorded with every change.
+        var boot = ""
 
         init(_ db: SQLiteConnection) throws(SQLiteError) {
             self.db = db
-            total = try db.prepare("SELECT value FROM settings WHERE name='bytes'")
-            setTotal = try db.prepare("UPDATE settings SET value=?1 WHERE name='bytes'")
-            existing = try db.prepare("SELECT rowid, etag, size FROM blocks WHERE name=?1 AND idx=?2")
-            deleteRow = try db.prepare("DELETE FROM blocks WHERE rowid=?1")
-            deleteOtherVersions = try db.prepare("DELETE FROM blocks WHERE name=?1 AND etag<>?2 RETURNING size")
-            oldest = try db.prepare("SELECT rowid, size FROM blocks ORDER BY used LIMIT 64")
-            insert = try db.prepare("INSERT INTO blocks(name, idx, etag, size, used, data) VALUES(?1, ?2, ?3, ?4, ?5, ?6)")
-            touch = try db.prepare("UPDATE blocks SET used=?2 WHERE rowid=?1")
+            setting = try db.prepare("SELECT value FROM settings WHERE name=?1")
+            setSetting = try db.prepare("UPDATE settings SET value=?2 WHERE name=?1")
+            existing = try db.prepare("SELECT id, etag, size, used, slot FROM blocks WHERE name=?1 AND idx=?2")
+            deleteRow = try db.prepare("DELETE FROM blocks WHERE id=?1 RETURNING slot")
+            deleteOtherVersions = try db.prepare(
+                "DELETE FROM blocks WHERE name=?1 AND etag<>?2 AND (size>=0 OR used<?3) RETURNING slot")
+            oldest = try db.prepare("SELECT id FROM blocks WHERE size>=0 OR used<?1 ORDER BY used LIMIT 1")
+            takeFree = try db.prepare("DELETE FROM free WHERE slot=(SELECT min(slot) FROM free) RETURNING slot")
+            addFree = try db.prepare("INSERT OR IGNORE INTO free(slot) VALUES(?1)")
+            insert = try db.prepare("INSERT INTO blocks(name, idx, etag, size, used, slot) VALUES(?1, ?2, ?3, -1, ?4, ?5)")
+            finishRow = try db.prepare("UPDATE blocks SET size=?2 WHERE id=?1")
+            touch = try db.prepare("UPDATE blocks SET used=?2 WHERE id=?1")
         }
 
-        func write(_ blocks: [(String, Int64, Queued)], touches: Set<Int64>, capacity: Int64, now: Int64)
-            throws(SQLiteError)
-        {
+        private func integerSetting(_ name: String) throws(SQLiteError) -> Int64 {
+            defer { setting.reset() }
+            setting.bind(1, name)
+            return try setting.step() ? setting.integer(0) : 0
+        }
+
+        private func textSetting(_ name: String) throws(SQLiteError) -> String {
+            defer { setting.reset() }
+            setting.bind(1, name)
+            return try setting.step() ? setting.text(0) : ""
+        }
+
+        private func set(_ name: String, _ value: Int64) throws(SQLiteError) {
+            setSetting.bind(1, name)
+            setSetting.bind(2, value)
+            try setSetting.run()
+        }
+
+        private func set(_ name: String, _ value: String) throws(SQLiteError) {
+            setSetting.bind(1, name)
+            setSetting.bind(2, value)
+            try setSetting.run()
+        }
+
+        private func transaction<T>(_ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
             try db.execute("BEGIN IMMEDIATE")
             do throws(SQLiteError) {
-                _ = try total.step()
-                var bytes = total.integer(0)
-                total.reset()
+                let result = try body()
+                try db.execute("COMMIT")
+                return result
+            } catch {
+                for statement in [setting, existing, deleteRow, deleteOtherVersions, oldest, takeFree] { statement.reset() }
+                try? db.execute("ROLLBACK")
+                throw error
+            }
+        }
+
+        /// At open: blocks of another size, a cache changed in an earlier boot and not synced
+        /// since, and slots beyond this cap go (subtleties 4 and 5).
+        func open(slots: Int64, blockSize: Int64, data: Int32, boot: String, logger: Logger, path: String)
+            throws(SQLiteError)
+        {
+            self.boot = boot
+            try transaction { () throws(SQLiteError) in
+                let previousBoot = try textSetting("boot")
+                let clean = try integerSetting("clean")
+                let unsynced = previousBoot != boot && clean == 0
+                if try integerSetting("block_size") != blockSize || unsynced {
+                    if unsynced {
+                        logger.notice("block cache \(path) was changed before a restart and not synced since: starting empty")
+                    }
+                    try db.execute("DELETE FROM blocks; DELETE FROM free; UPDATE settings SET value=0 WHERE name='slots'")
+                    try set("block_size", blockSize)
+                    try set("clean", 1)
+                }
+                if try integerSetting("slots") > slots {
+                    try db.execute("DELETE FROM blocks WHERE slot>=\(slots); DELETE FROM free WHERE slot>=\(slots)")
+                    try set("slots", slots)
+                }
+            }
+            var st = stat()
+            if fstat(data, &st) == 0 && Int64(st.st_size) > slots * blockSize { ftruncate(data, off_t(slots * blockSize)) }
+        }
+
+        /// The changes counter (see `markClean`).
+        func changes() throws(SQLiteError) -> Int64 { try integerSetting("changes") }
+
+        func markClean(ifChanges changes: Int64) throws(SQLiteError) {
+            try transaction { () throws(SQLiteError) in
+                if try integerSetting("changes") == changes { try set("clean", 1) }
+            }
+        }
+
+        /// Every change that makes bytes readable marks the cache unsynced, in this boot.
+        private func changed() throws(SQLiteError) {
+            try set("changes", try integerSetting("changes") + 1)
+            try set("clean", 0)
+            try set("boot", boot)
+        }
+
+        /// Transaction one of subtlety 2: frees what must go and records a pending row and slot for
+        /// each block not cached yet. Returns (position in `blocks`, row, slot) of each.
+        func reserve(
+            _ blocks: [(name: String, index: Int64, etag: String, size: Int)], touches: Set<Int64>, slots: Int64, now: Int64
+        ) throws(SQLiteError) -> [(Int, Int64, Int64)] {
+            try transaction { () throws(SQLiteError) -> [(Int, Int64, Int64)] in
+                var highWater = try integerSetting("slots")
+                let abandoned = now - BlockCache.abandonedAfter
+                var planned: [(Int, Int64, Int64)] = []
                 var purged: Set<String> = []
-                for (name, index, block) in blocks {
-                    let size = Int64(block.range.count)
-                    existing.bind(1, name)
-                    existing.bind(2, index)
-                    let found = try existing.step() ? (existing.integer(0), existing.text(1), existing.integer(2)) : nil
+                func free(_ statement: SQLiteStatement) throws(SQLiteError) {
+                    defer { statement.reset() }
+                    while try statement.step() {
+                        addFree.bind(1, statement.integer(0))
+                        try addFree.run()
+                    }
+                }
+                for (position, block) in blocks.enumerated() {
+                    existing.bind(1, block.name)
+                    existing.bind(2, block.index)
+                    let found = try existing.step()
+                        ? (row: existing.integer(0), etag: existing.text(1), size: existing.integer(2), used: existing.integer(3))
+                        : nil
                     existing.reset()
                     if let found {
-                        if found.1 == block.etag && found.2 >= size { continue }
-                        deleteRow.bind(1, found.0)
-                        try deleteRow.run()
-                        bytes -= found.2
+                        if found.etag == block.etag && found.size >= Int64(block.size) { continue }
+                        // Another writer (another mount) is storing it right now.
+                        if found.size < 0 && found.used >= abandoned { continue }
+                        deleteRow.bind(1, found.row)
+                        try free(deleteRow)
                     }
-                    if purged.insert(name + "\n" + block.etag).inserted {
-                        deleteOtherVersions.bind(1, name)
+                    if purged.insert(block.name + "\n" + block.etag).inserted {
+                        deleteOtherVersions.bind(1, block.name)
                         deleteOtherVersions.bind(2, block.etag)
-                        defer { deleteOtherVersions.reset() }
-                        while try deleteOtherVersions.step() { bytes -= deleteOtherVersions.integer(0) }
+                        deleteOtherVersions.bind(3, abandoned)
+                        try free(deleteOtherVersions)
                     }
-                    bytes -= try evict(toFit: size, holding: bytes, capacity: capacity)
-                    guard bytes + size <= capacity else { continue }
-                    insert.bind(1, name)
-                    insert.bind(2, index)
+                    var slot: Int64? = nil
+                    if try takeFree.step() { slot = takeFree.integer(0) }
+                    takeFree.reset()
+                    if slot == nil && highWater < slots {
+                        slot = highWater
+                        highWater += 1
+                    }
+                    if slot == nil {
+                        // Full: the least recently used block gives up its slot.
+                        oldest.bind(1, abandoned)
+                        let victim = try oldest.step() ? oldest.integer(0) : nil
+                        oldest.reset()
+                        guard let victim else { continue }
+                        deleteRow.bind(1, victim)
+                        defer { deleteRow.reset() }
+                        if try deleteRow.step() { slot = deleteRow.integer(0) }
+                    }
+                    guard let slot else { continue }
+                    insert.bind(1, block.name)
+                    insert.bind(2, block.index)
                     insert.bind(3, block.etag)
-                    insert.bind(4, size)
-                    insert.bind(5, now)
-                    try block.bytes.withBytes(block.range) { (data) throws(SQLiteError) in
-                        insert.bind(6, bytes: data)
-                        try insert.run()
-                    }
-                    bytes += size
+                    insert.bind(4, now)
+                    insert.bind(5, slot)
+                    try insert.run()
+                    planned.append((position, sqlite3_last_insert_rowid(db.handle), slot))
                 }
                 for row in touches {
                     touch.bind(1, row)
                     touch.bind(2, now)
                     try touch.run()
                 }
-                setTotal.bind(1, bytes)
-                try setTotal.run()
-                try db.execute("COMMIT")
-            } catch {
-                for statement in [total, existing, deleteOtherVersions, oldest] { statement.reset() }
-                try? db.execute("ROLLBACK")
-                throw error
+                try set("slots", highWater)
+                return planned
             }
         }
 
-        /// Deletes least recently used blocks until `size` more bytes fit; returns the bytes freed.
-        private func evict(toFit size: Int64, holding bytes: Int64, capacity: Int64) throws(SQLiteError) -> Int64 {
-            var freed: Int64 = 0
-            while bytes - freed + size > capacity {
-                var victims: [(Int64, Int64)] = []
-                while try oldest.step() { victims.append((oldest.integer(0), oldest.integer(1))) }
-                oldest.reset()
-                if victims.isEmpty { break }
-                for (row, rowSize) in victims where bytes - freed + size > capacity {
-                    deleteRow.bind(1, row)
-                    try deleteRow.run()
-                    freed += rowSize
+        /// Transaction two of subtlety 2: the written blocks become readable; the rest go.
+        func finish(_ written: [(row: Int64, size: Int)], lost: [Int64]) throws(SQLiteError) {
+            try transaction { () throws(SQLiteError) in
+                for (row, size) in written {
+                    finishRow.bind(1, row)
+                    finishRow.bind(2, Int64(size))
+                    try finishRow.run()
                 }
+                for row in lost {
+                    deleteRow.bind(1, row)
+                    defer { deleteRow.reset() }
+                    while try deleteRow.step() {
+                        addFree.bind(1, deleteRow.integer(0))
+                        try addFree.run()
+                    }
+                }
+                try changed()
             }
-            return freed
         }
+    }
+}
+
+extension String {
+    fileprivate var trimmingSpaces: String {
+        String(unicodeScalars.filter { !$0.properties.isWhitespace })
     }
 }

@@ -8,7 +8,8 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
     private let onFree: (@Sendable () -> Void)?
 
     public init(capacity: Int, onFree: (@Sendable () -> Void)? = nil) {
-        storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 1), alignment: 16)
+        // Page-aligned when a page or more: the block cache writes such blocks with O_DIRECT.
+        storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 1), alignment: capacity >= 4096 ? 4096 : 16)
         self.onFree = onFree
     }
 

@@ -665,7 +665,8 @@ public final class Filesystem: Sendable {
     public func shutdown(deadline: Double = 30) -> Bool {
         stopPrefetching()
         let ended = pool.shutdown(deadline: deadline)
-        configuration.blockCache?.waitUntilWritten()
+        // Written and synced: a cache a power cut could have torn is not trusted (BlockCache).
+        configuration.blockCache?.markClean()
         spool.unlock()
         return ended
     }
