@@ -13,7 +13,12 @@
 #            all are stored, s; and the HTTP requests the tool sent meanwhile, per file (counted
 #            in the server's access log by User-Agent)
 # and, for every mount the workloads make, the time from the mount command to the first `ls`
-# (median) and the daemon's peak RSS (VmHWM before unmount, maximum).
+# (median) and the daemon's peak RSS (VmHWM before unmount, maximum). The ceiling also reads the
+# object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling).
+#
+# LATENCY_MS=20 adds that much to every request of a CSSP client (csspfs, the ceiling) before
+# the server answers (the test server's fault file, `stall=`), which models a distant server;
+# rclone and s3fs authenticate otherwise and are not slowed, so run it with TOOLS="ceiling csspfs".
 #
 #   bench/compare.sh                          everything, medians of RUNS=3 (about 40 minutes)
 #   RUNS=1 TOOLS="csspfs s3fs-default" WORKLOADS="read ls" bench/compare.sh
@@ -54,6 +59,7 @@ ALL_TOOLS="ceiling csspfs rclone-default rclone-tuned s3fs-default s3fs-tuned"
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
 WORKLOADS=${WORKLOADS:-read fio write create ls rsync rsync1}
 FIO_SECONDS=${FIO_SECONDS:-20}
+export LATENCY_MS=${LATENCY_MS:-0}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
 CONTAINER=compare
 GIB=1073741824
@@ -93,6 +99,11 @@ server_was_running=false
 # shellcheck source=bench/common.sh
 . "$REPO/bench/common.sh"
 URL=$("$REPO/scripts/cssp-server" create-container "$CONTAINER")
+if [[ $LATENCY_MS != 0 ]]; then
+    [[ $LATENCY_MS =~ ^[0-9]+$ ]] || die "LATENCY_MS must be a whole number of milliseconds"
+    printf '* stall=%s /%s/\n' "$(awk -v ms="$LATENCY_MS" 'BEGIN { print ms / 1000 }')" "$CONTAINER" >"$CSSP_SERVER_FAULT_FILE"
+    note "every CSSP request waits $LATENCY_MS ms before its answer (fault file $CSSP_SERVER_FAULT_FILE)"
+fi
 SEGMENTS_URL=$URL+segments # s3api's multipart segments
 OUT=$REPO/.work/compare
 rm -rf "$OUT"
@@ -126,6 +137,7 @@ cleanup() {
         fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" || true
     fi
     rm -rf "$WORK"
+    [[ $LATENCY_MS == 0 ]] || rm -f "$CSSP_SERVER_FAULT_FILE"
     if ! $server_was_running && [[ ${KEEP_SERVER:-0} != 1 ]]; then
         "$REPO/scripts/cssp-server" stop >/dev/null || true
     fi
@@ -396,6 +408,20 @@ ceiling_run() {
             [[ $code == "200 $GIB" ]] || die "ceiling: GET seed/big-1g: $code"
             record "$metric" "$(per_second 1073.741824 "$s")"
         done
+        drop_caches
+        local quarter=$((GIB / 4)) i pids=()
+        t=$(now)
+        for i in 0 1 2 3; do
+            "$REPO/scripts/cssp-curl" -s -o /dev/null -w '%{http_code} %{size_download}\n' \
+                -r "$((i * quarter))-$(((i + 1) * quarter - 1))" "$URL/seed/big-1g" >"$WORK/part$i" &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        s=$(since "$t")
+        for i in 0 1 2 3; do
+            [[ $(cat "$WORK/part$i") == "206 $quarter" ]] || die "ceiling: ranged GET $i of seed/big-1g: $(cat "$WORK/part$i")"
+        done
+        record read_cold_parallel "$(per_second 1073.741824 "$s")"
     fi
     if wants write; then
         t=$(now)
@@ -488,7 +514,7 @@ done
 note "measured in $((SECONDS - started)) s; raw values in $RESULTS, daemon logs in $OUT/logs"
 
 /usr/bin/python3 - "$RESULTS" "$RUNS" $TOOLS <<'PY'
-import statistics, sys
+import os, statistics, sys
 path, runs, tools = sys.argv[1], sys.argv[2], sys.argv[3:]
 values = {}
 for line in open(path):
@@ -498,6 +524,7 @@ for line in open(path):
 # metric, label, higher is better
 ROWS = [
     ("read_cold", "seq read 1 GiB, cold, MB/s", True),
+    ("read_cold_parallel", "  the same, 4 parallel ranged GETs, MB/s", True),
     ("read_warm", "seq read 1 GiB, warm (same mount), MB/s", True),
     ("fio", "4 KiB random read, fio 4 jobs, IOPS", True),
     ("write", "seq write 1 GiB until stored, MB/s", True),
@@ -531,6 +558,9 @@ def fmt(x):
 
 width = 44
 show_ratio = "csspfs" in tools and PEERS
+latency = os.environ.get("LATENCY_MS", "0")
+if latency != "0":
+    print("every CSSP request (csspfs, ceiling) waited %s ms before its answer" % latency)
 print("%-*s" % (width, "workload (median of %s; RSS: max)" % runs)
       + "".join("%15s" % t for t in tools)
       + ("%15s" % "csspfs/best" if show_ratio else ""))
