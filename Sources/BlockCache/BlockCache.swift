@@ -25,8 +25,8 @@ import Glibc
 ///    blocks and records them as pending (size -1, never read); then the bytes are written
 ///    into the slots with `pwrite`, outside any transaction; then a second transaction records
 ///    their sizes. SQLite never copies block bytes (before, it wrote each block twice: WAL,
-///    then checkpoint), and whole page-aligned blocks bypass the page cache (O_DIRECT), which
-///    made caching a cold read cost nothing measurable.
+///    then checkpoint), and whole page-aligned blocks of a sequential reader bypass the page
+///    cache (O_DIRECT), which made caching a cold read cost nothing measurable.
 /// 3. A slot is written only after the transaction that freed it committed, and a read checks
 ///    after its `pread` that the row it read is still there. A read whose bytes a new block
 ///    overwrote therefore finds its row gone, and is a miss. This holds across processes (two
@@ -81,6 +81,7 @@ public final class BlockCache: Sendable {
         var etag: String
         var bytes: ByteBuffer
         var range: Range<Int>
+        var streaming: Bool
     }
 
     private struct Pending {
@@ -318,9 +319,12 @@ public final class BlockCache: Sendable {
 
     /// Queues bytes `range` of `bytes` as block `index` of `object` (a whole block, or the last one).
     /// When the queue is full the block is not cached, unless `waitForRoom` is set (then this
-    /// blocks until the writer has made room; for background work only).
+    /// blocks until the writer has made room; for background work only). `streaming`: bytes a
+    /// sequential reader passed, unlikely to be read again soon, written past the page cache
+    /// (O_DIRECT); others stay in the page cache too, for the reads that come back to them.
     public func store(
-        _ object: Object, block index: Int64, bytes: ByteBuffer, range: Range<Int>, waitForRoom: Bool = false
+        _ object: Object, block index: Int64, bytes: ByteBuffer, range: Range<Int>, waitForRoom: Bool = false,
+        streaming: Bool = false
     ) {
         guard !object.etag.isEmpty, range.count > 0 else { return }
         while !disabled.load(ordering: .relaxed) {
@@ -329,7 +333,7 @@ public final class BlockCache: Sendable {
                 p.remove(id)
                 let growth = p.buffers[ObjectIdentifier(bytes)] == nil ? bytes.capacity : 0
                 guard p.bytes + growth <= Self.maximumQueuedBytes || p.blocks.isEmpty else { return (false, false) }
-                p.add(id, Queued(etag: object.etag, bytes: bytes, range: range))
+                p.add(id, Queued(etag: object.etag, bytes: bytes, range: range, streaming: streaming))
                 defer { p.scheduled = true }
                 return (true, !p.scheduled)
             }
@@ -402,7 +406,7 @@ public final class BlockCache: Sendable {
         let offset = off_t(slot * Int64(blockSize))
         return block.bytes.withBytes(block.range) { bytes in
             let aligned = Int(bitPattern: bytes.baseAddress!) % 4096 == 0 && bytes.count % 4096 == 0
-            let fd = aligned && directData >= 0 ? directData : data
+            let fd = block.streaming && aligned && directData >= 0 ? directData : data
             var done = 0
             while done < bytes.count {
                 let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, offset + off_t(done))

@@ -24,6 +24,11 @@ import Glibc
 /// 6. A DLO's bytes are cached only when the response names the ETag the open confirmed: its
 ///    parts can change under a stable manifest, and cached bytes must match their ETag.
 /// 4. Without a cache, a random read fetches exactly the bytes asked for (nothing would keep the rest).
+/// 7. A file read at random that fits the cache is pulled whole in the background (`startPull`):
+///    `pullWorkers` GETs of `groupSize` at a time, each taking the budget first (a spent budget
+///    stops the pull; the next random read starts it again where it stopped), while the reads
+///    that wait are served as before (a read of a block being pulled waits for that GET). One
+///    reader per object version pulls at a time (`pulling`, process-wide).
 /// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
 final class FileReader: Sendable {
     let key: String
@@ -50,6 +55,10 @@ final class FileReader: Sendable {
     private let cacheMisses: Counter?
     /// Kernel page-cache stores queued or running, process-wide.
     private static let kernelStores = Atomic<Int>(0)
+    /// Object versions being pulled whole (subtlety 7), process-wide.
+    private static let pulling = Locked<Set<BlockCache.Object>>([])
+    /// GETs a pull keeps running at once.
+    static let pullWorkers = 3
     /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
     private let kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)?
 
@@ -63,6 +72,10 @@ final class FileReader: Sendable {
         var window: Int64 = 0
         /// Read-ahead has been started for blocks below this index.
         var aheadEnd: Int64 = 0
+        /// The pull (subtlety 7): whether this reader runs it, its workers, the next block to look at.
+        var pulls = false
+        var pullWorkers = 0
+        var pullNext: Int64 = 0
     }
 
     /// Protects the block table and the access pattern.
@@ -165,7 +178,9 @@ final class FileReader: Sendable {
         }
         cacheMisses?.add(Int64(missing.count + known.count))
         // The group around a random read is speculative: it takes the budget first, like read-ahead.
-        var neighbours = sequential ? [] : neighbours(of: missing)
+        // While the file is pulled whole, a miss fetches only its own blocks: the pull brings the rest.
+        let pulled = state.withLock { $0.pullWorkers > 0 }
+        var neighbours = sequential || pulled ? [] : neighbours(of: missing)
         if !neighbours.isEmpty && !budget.tryReserve(Int64(neighbours.count) * blockSize) { neighbours = [] }
         let mine: [Int64] = state.withLock { s in
             var mine: [Int64] = []
@@ -192,6 +207,7 @@ final class FileReader: Sendable {
         }
         budget.release(Int64(neighbours.count - extra.count) * blockSize)
         if sequential { readAhead(after: last) }
+        if !sequential && !mine.isEmpty && fitsTheCache { startPull() }
         for run in Self.runs(mine + extra.keys, longest: Int((sequential ? fetchSize : groupSize) / blockSize)) {
             // A random reader waits for the cache writer rather than lose its blocks: they are
             // what its next reads hit. (Read-ahead never waits; its blocks are dropped instead.)
@@ -278,13 +294,103 @@ final class FileReader: Sendable {
         }
     }
 
+    /// Whether the cache can hold the file (half its size at most): then a random reader gets the
+    /// neighbours of its blocks, and the whole file in the background.
+    private var fitsTheCache: Bool { cache.map { size <= $0.capacity / 2 } ?? false }
+
+    /// Starts pulling the file whole (subtlety 7), unless this or another reader pulls it already.
+    private func startPull() {
+        let start: Bool = state.withLock { s in
+            guard s.pullWorkers == 0 else { return false }
+            if !s.pulls {
+                guard Self.pulling.withLock({ $0.insert(cacheObject).inserted }) else { return false }
+                s.pulls = true
+            }
+            s.pullWorkers = Self.pullWorkers
+            return true
+        }
+        guard start else { return }
+        for _ in 0..<Self.pullWorkers {
+            let started = pool.submit { [weak self] in
+                while let reader = self, let (run, reserved) = reader.nextPullRun() {
+                    reader.load(run, waitForCache: true, reserved: reserved)
+                    reader.state.withLock { s in
+                        for block in run where s.blocks[block.index] === block { s.blocks[block.index] = nil }
+                    }
+                }
+                self?.pullWorkerEnded()
+            }
+            if !started { pullWorkerEnded() }
+        }
+    }
+
+    private func pullWorkerEnded() {
+        let done: Bool = state.withLock { s in
+            s.pullWorkers -= 1
+            guard s.pullWorkers == 0, s.pullNext > (size - 1) / blockSize else { return false }
+            return true
+        }
+        if done { _ = Self.pulling.withLock { $0.remove(cacheObject) } }
+    }
+
+    deinit {
+        if state.withLock({ $0.pulls }) { _ = Self.pulling.withLock { $0.remove(cacheObject) } }
+    }
+
+    /// The next run of blocks the pull fetches (neither cached nor being fetched), with the budget
+    /// it took; nil when the file is done or the budget is spent (the pull then stops there).
+    private func nextPullRun() -> (run: [Block], reserved: Int64)? {
+        guard let cache else { return nil }
+        let lastIndex = (size - 1) / blockSize
+        let longest = groupSize / blockSize
+        while true {
+            let candidates: [Int64] = state.withLock { s in
+                var found: [Int64] = []
+                while s.pullNext <= lastIndex && Int64(found.count) < longest {
+                    if s.blocks[s.pullNext] == nil {
+                        found.append(s.pullNext)
+                    } else if !found.isEmpty {
+                        break
+                    }
+                    s.pullNext += 1
+                }
+                return found
+            }
+            guard let first = candidates.first else { return nil }
+            let uncached = candidates.filter { !cache.contains(cacheObject, block: $0) }
+            guard !uncached.isEmpty else { continue }
+            // One GET for the first consecutive stretch; the rest is looked at again.
+            let stretch = Self.runs(uncached, longest: Int(longest))[0]
+            if stretch.count < uncached.count {
+                state.withLock { s in s.pullNext = min(s.pullNext, uncached[stretch.count]) }
+            }
+            let reserved = Int64(stretch.count) * blockSize
+            guard budget.tryReserve(reserved) else {
+                state.withLock { s in s.pullNext = min(s.pullNext, first) }
+                return nil
+            }
+            let run: [Block] = state.withLock { s in
+                // (A read may have taken a block meanwhile: the GET then spans its bytes too.)
+                stretch.filter { s.blocks[$0] == nil }.map { index in
+                    let block = Block(index: index)
+                    s.blocks[index] = block
+                    return block
+                }
+            }
+            // Blocks a read took meanwhile are its own fetch's: give their budget back.
+            budget.release(reserved - Int64(run.count) * blockSize)
+            if run.isEmpty { continue }
+            return (run, Int64(run.count) * blockSize)
+        }
+    }
+
     /// For a random read of a file the cache can hold (half its size at most): the other blocks of
     /// the aligned `groupSize` group around each missing block, not cached yet. One GET of 4 MiB
     /// (52 ms here) costs far less than four of 1 MiB (21 ms each), and a file read at random is mostly read again,
     /// so filling it in large pieces turns later reads into cache hits. Files larger than that
     /// fetch only the blocks asked for.
     private func neighbours(of missing: [Int64]) -> [Int64] {
-        guard let cache, !missing.isEmpty, size <= cache.capacity / 2 else { return [] }
+        guard let cache, !missing.isEmpty, fitsTheCache else { return [] }
         let group = groupSize / blockSize
         let lastIndex = (size - 1) / blockSize
         let wanted = Set(missing)
@@ -324,12 +430,18 @@ final class FileReader: Sendable {
         let upper = min(size, (tail.index + 1) * blockSize) - 1
         do throws(FSError) {
             let (buffer, versionChecked) = try fetch(ByteRange(lower: lower, upper: upper), reserved: reserved)
-            for block in run {
+            func range(of block: Block) -> Range<Int> {
                 let start = Int((block.index - head.index) * blockSize)
-                let range = start..<min(buffer.count, start + Int(blockSize))
-                block.finish(.success(Block.Bytes(buffer: buffer, range: range)))
+                return start..<min(buffer.count, start + Int(blockSize))
+            }
+            // Every waiting read first; then the cache, whose queue may make this thread wait.
+            for block in run { block.finish(.success(Block.Bytes(buffer: buffer, range: range(of: block)))) }
+            for block in run {
+                let range = range(of: block)
                 if versionChecked {
-                    cache?.store(cacheObject, block: block.index, bytes: buffer, range: range, waitForRoom: waitForCache)
+                    cache?.store(
+                        cacheObject, block: block.index, bytes: buffer, range: range, waitForRoom: waitForCache,
+                        streaming: !waitForCache)
                 }
             }
             // Only for random readers: a sequential one is served by the kernel's own read-ahead.
