@@ -540,6 +540,10 @@ ROWS = [
 PEERS = [t for t in tools if t not in ("ceiling", "csspfs")]
 
 def summary(tool, metric):
+    # A tool that never stored the whole tree has no rsync1 time, and its request count is
+    # not one of a finished run.
+    if metric == "rsync1_requests" and values.get((tool, "rsync1_incomplete")):
+        return None
     v = values.get((tool, metric))
     if not v:
         return None
