@@ -78,7 +78,7 @@ let package = Package(
         .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore", "ObjectStoreTesting"]),
         .testTarget(
             name: "BlockCacheTests",
-            dependencies: ["BlockCache", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["BlockCache", "Locking", .product(name: "Logging", package: "swift-log")]
         ),
         .testTarget(
             name: "FileSystemTests",

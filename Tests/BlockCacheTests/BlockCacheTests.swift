@@ -1,4 +1,5 @@
 import Foundation
+import Locking
 import Logging
 import Synchronization
 import Testing
@@ -264,17 +265,22 @@ struct BlockCacheTests {
                 go.wait()
             }
         }
-        let result = Mutex<[UInt8]??>(nil)
-        let reader = Thread { result.withLock { $0 = .some(read(cache, first, 0)) } }
+        let result = Locked<[UInt8]?>(nil)
+        let finished = DispatchSemaphore(value: 0)
+        let reader = Thread {
+            let bytes = read(cache, first, 0)
+            result.withLock { $0 = bytes }
+            finished.signal()
+        }
         reader.start()
         found.wait()
         cache.afterLookup.withLock { $0 = nil }
         cache.store(second, block: 0, bytes: bytes(2), range: 0..<Self.block)
         cache.waitUntilWritten()
         go.signal()
-        while result.withLock({ $0 == nil }) { usleep(1000) }
-        let missed = result.withLock { $0.map { $0 == nil } }
-        #expect(missed == true, "the read returned bytes of another block")
+        finished.wait()
+        let missed = result.withLock { $0 == nil }
+        #expect(missed, "the read returned bytes of another block")
         #expect(read(cache, second, 0) == expected(2))
         #expect(cache.statistics().diskBytes <= Int64(Self.block))
     }
