@@ -17,8 +17,8 @@ import Glibc
 ///    are not uploaded, but kept in `lost+found/` (a note may have failed to be written on a
 ///    full disk) and logged. What is found is found when the directory is taken, before this
 ///    process makes files of its own there.
-/// 4. Attribute changes of closed files not stored yet (see `Filesystem+Attributes`) have an
-///    `INODE.attributes` note each, in the same encoding; a later mount stores them (a POST) if
+/// 4. Attribute changes of closed files not stored yet (see `Filesystem+Attributes`) have a
+///    `PROCESS-INODE.attributes` note each, in the same encoding; a later mount stores them (a POST) if
 ///    the object is still the version they were made on.
 /// 5. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
 ///    directories once their process is gone (their lock is free) and recovers them too.
@@ -116,8 +116,14 @@ final class Spool: Sendable {
 
     static let attributeNoteSuffix = ".attributes"
 
+    /// Names this process's attribute notes apart from those an earlier process left here
+    /// (inode numbers repeat across processes; a leftover is recovered while this one runs).
+    private let attributeNotePrefix = String(UInt64.random(in: 0...UInt64.max), radix: 16) + "-"
+
     /// Where the attribute note of `inode` is.
-    func attributeNotePath(_ inode: InodeNumber) -> String { directory + "/" + String(inode) + Self.attributeNoteSuffix }
+    func attributeNotePath(_ inode: InodeNumber) -> String {
+        directory + "/" + attributeNotePrefix + String(inode) + Self.attributeNoteSuffix
+    }
 
     /// Moves a data file no note describes to `lost+found/` beside it; returns the new path.
     static func keepLost(dataPath: String) -> String? {

@@ -130,6 +130,27 @@ struct OwedAttributesTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".attributes") }.isEmpty)
     }
 
+    /// Inode numbers repeat across processes: a note this process writes must not be the file
+    /// of a leftover note, which the recovery removes once it stored it.
+    @Test func aRecoveredNoteNeverTakesANoteOfThisProcessWithIt() throws {
+        let store = FakeObjectStore()
+        let first = makeFilesystem(store)
+        let file = try fileWithAnOwedChmod(first)
+        first.shutdown()
+        let second = makeFilesystem(store)
+        let other = try second.storeFile(root, "g", Array("y".utf8))
+        #expect(other.inode == file.inode, "the test needs the same inode number")
+        _ = try second.setattr(other.inode, AttributeChanges(mode: 0o640))
+        second.recoverPendingUploads()
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+        // The second process ends without storing its change either.
+        second.shutdown()
+        let third = makeFilesystem(store)
+        defer { third.shutdown() }
+        third.recoverPendingUploads()
+        #expect(store.object("g")?.metadata["mode"] == "0640")
+    }
+
     @Test func aLaterMountDropsANoteWhoseObjectWasReplaced() throws {
         let store = FakeObjectStore()
         let first = makeFilesystem(store)
