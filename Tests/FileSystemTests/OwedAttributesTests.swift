@@ -13,7 +13,8 @@ import Testing
 struct OwedAttributesTests {
     let root = Filesystem.rootInode
     let clock = ManualClock()
-    let spool = NSTemporaryDirectory() + "cssp-owed-spool-" + UUID().uuidString
+    let temporary = TemporaryDirectory("cssp-owed")
+    var spool: String { temporary.path + "/spool" }
 
     func makeFilesystem(_ store: any ObjectStore) -> Filesystem {
         var configuration = FilesystemConfiguration()

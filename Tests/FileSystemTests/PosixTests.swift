@@ -11,9 +11,11 @@ struct PosixTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
 
+    let temporary = TemporaryDirectory("cssp-posix-spool")
+
     func makeFilesystem(_ store: FakeObjectStore) -> Filesystem {
         var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-posix-spool-" + UUID().uuidString
+        configuration.spoolDirectory = temporary.child("spool")
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 

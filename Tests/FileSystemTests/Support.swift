@@ -1,4 +1,19 @@
+import Foundation
+
 @testable import FileSystem
+
+/// A directory below the system's temporary directory, removed with everything in it when the
+/// test that made it ends (Swift Testing makes a new suite value per test).
+final class TemporaryDirectory: Sendable {
+    let path: String
+
+    init(_ prefix: String) { path = NSTemporaryDirectory() + prefix + "-" + UUID().uuidString }
+
+    /// A new path below it (not created).
+    func child(_ name: String) -> String { path + "/" + name + "-" + UUID().uuidString }
+
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+}
 
 extension Filesystem {
     /// Opens `inode` read-only and reads it to the end in `chunk`-sized reads, as a program would.

@@ -13,9 +13,11 @@ struct TransfersTests {
     let root = Filesystem.rootInode
     let caller = Caller(uid: 1, gid: 1)
 
+    let temporary = TemporaryDirectory("cssp-transfers-spool")
+
     func makeFilesystem(_ store: any ObjectStore) -> Filesystem {
         var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-transfers-spool-" + UUID().uuidString
+        configuration.spoolDirectory = temporary.child("spool")
         configuration.multipartThreshold = 1 << 20
         configuration.partSize = 1 << 20
         configuration.uploadConcurrency = 1
