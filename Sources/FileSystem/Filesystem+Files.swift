@@ -736,7 +736,7 @@ extension Filesystem {
         }
     }
 
-    func persistAttributesLocked(_ node: Node) throws(FSError) {
+    private func persistAttributesLocked(_ node: Node) throws(FSError) {
         forgetPrefetched(keys: [node.key])
         do {
             switch node.kind {
