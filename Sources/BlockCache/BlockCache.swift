@@ -406,11 +406,16 @@ public final class BlockCache: Sendable {
         let offset = off_t(slot * Int64(blockSize))
         return block.bytes.withBytes(block.range) { bytes in
             let aligned = Int(bitPattern: bytes.baseAddress!) % 4096 == 0 && bytes.count % 4096 == 0
-            let fd = block.streaming && aligned && directData >= 0 ? directData : data
+            var fd = block.streaming && aligned && directData >= 0 ? directData : data
             var done = 0
             while done < bytes.count {
                 let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, offset + off_t(done))
                 if n < 0 && errno == EINTR { continue }
+                // A file system whose O_DIRECT wants other alignment: this block goes buffered.
+                if n < 0 && errno == EINVAL && fd == directData {
+                    fd = data
+                    continue
+                }
                 guard n > 0 else { return false }
                 done += n
             }
