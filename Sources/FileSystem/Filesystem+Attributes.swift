@@ -57,12 +57,11 @@ extension Filesystem {
     /// was just confirmed, a HEAD first checks that the object is still the version they were
     /// made on (else they are void: see `Node.voidOwedAttributes`).
     func storeOwedAttributes(_ inode: InodeNumber) throws(FSError) {
-        try attributeLocks[Int(inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) throws(FSError) in
+        try attributeLock(inode).withLock { (_: inout Void) throws(FSError) in
             defer { syncAttributeNoteLocked(inode) }
             guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
-            var contentType: String, metadata: [String: String], manifest: String?
-            (contentType, metadata) = storedForm(of: node)
-            manifest = node.manifest
+            var (contentType, metadata) = storedForm(of: node)
+            var manifest = node.manifest
             do throws(ObjectStoreError) {
                 if now() - node.metadataKnownAt > configuration.attributeCacheSeconds {
                     let info = try store.head(key: node.key)
@@ -72,8 +71,7 @@ extension Filesystem {
                         }
                         return
                     }
-                    contentType = node.stored.contentType(base: StoredAttributes.parse(contentType: info.contentType).base)
-                    metadata = node.stored.metadata(mergedInto: info.metadata)
+                    (contentType, metadata) = storedForm(of: node, over: info)
                     manifest = info.manifest
                 }
                 try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: manifest)
@@ -132,8 +130,11 @@ extension Filesystem {
     }
 
     private func withAttributeLock(_ inode: InodeNumber, _ body: () -> Void) {
-        attributeLocks[Int(inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) in body() }
+        attributeLock(inode).withLock { (_: inout Void) in body() }
     }
+
+    /// The attribute lock (stripe) of `inode`: lock 1 of the LOCKING block in Filesystem.swift.
+    func attributeLock(_ inode: InodeNumber) -> SerialLock { attributeLocks[Int(inode % UInt64(attributeLocks.count))] }
 
     /// Runs `body` holding the attribute locks of `inodes` (in stripe order, each stripe once).
     func withAttributesHeld<T>(_ inodes: [InodeNumber], _ body: () throws(FSError) -> T) throws(FSError) -> T {

@@ -490,6 +490,12 @@ extension Filesystem {
         (node.stored.contentType(base: node.baseContentType), node.stored.metadata(mergedInto: node.extraMetadata))
     }
 
+    /// The same over what a HEAD just said: its content type and its other metadata headers.
+    func storedForm(of node: Node, over info: ObjectInfo) -> (contentType: String, metadata: [String: String]) {
+        (node.stored.contentType(base: StoredAttributes.parse(contentType: info.contentType).base),
+            node.stored.metadata(mergedInto: info.metadata))
+    }
+
     /// Uploads the spool (or only its metadata) if it changed since the last upload. `owed`: a
     /// retry of a failed upload, which first checks that nobody else changed the object.
     func commit(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
@@ -730,7 +736,7 @@ extension Filesystem {
     /// node are serialised and each sends the node's latest attributes, so two concurrent changes
     /// (rsync's generator and receiver) cannot store an older state last.
     func persistAttributes(of original: Node) throws(FSError) {
-        try attributeLocks[Int(original.inode % UInt64(attributeLocks.count))].withLock { (_: inout Void) throws(FSError) in
+        try attributeLock(original.inode).withLock { (_: inout Void) throws(FSError) in
             guard let node = state.withLock({ $0.inodes[original.inode] }) else { return }
             try persistAttributesLocked(node)
         }
@@ -748,10 +754,8 @@ extension Filesystem {
                     metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
             case .file, .symlink, .fifo, .socket:
                 let info = try store.head(key: node.key)
-                let base = StoredAttributes.parse(contentType: info.contentType).base
-                try store.post(
-                    key: node.key, contentType: node.stored.contentType(base: base),
-                    metadata: node.stored.metadata(mergedInto: info.metadata), manifest: info.manifest)
+                let (contentType, metadata) = storedForm(of: node, over: info)
+                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
             case .directory:
                 // The root of the mount has no object to keep attributes on.
                 guard !node.key.isEmpty else { return }

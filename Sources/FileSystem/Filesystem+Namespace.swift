@@ -534,12 +534,9 @@ extension Filesystem {
                         _ = s.inodes.update(source.inode) { apply(info, to: &$0, seenAtVersion: current.attributeVersion) }
                     }
                 } else if current.attributesOwed {
-                    form = (
-                        current.stored.contentType(base: StoredAttributes.parse(contentType: info.contentType).base),
-                        current.stored.metadata(mergedInto: info.metadata)
-                    )
-                    info.contentType = form!.contentType
-                    info.metadata = form!.metadata
+                    let owed = storedForm(of: current, over: info)
+                    (info.contentType, info.metadata) = owed
+                    form = owed
                 }
                 if let manifest = info.manifest {
                     // The new name points at the same parts. Only parts below the old name itself
