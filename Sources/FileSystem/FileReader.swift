@@ -28,7 +28,9 @@ import Glibc
 ///    `pullWorkers` GETs of `groupSize` at a time, each taking the budget first (a spent budget
 ///    stops the pull; the next random read starts it again where it stopped), while the reads
 ///    that wait are served as before (a read of a block being pulled waits for that GET). One
-///    reader per object version pulls at a time (`pulling`, process-wide).
+///    reader per object version pulls at a time (`pulling`, shared by the mount's readers). A
+///    pull ends with its reader (the handle's release): a program that read a few bytes and
+///    closed the file does not download the rest.
 /// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
 final class FileReader: Sendable {
     let key: String
@@ -55,8 +57,8 @@ final class FileReader: Sendable {
     private let cacheMisses: Counter?
     /// Kernel page-cache stores queued or running, process-wide.
     private static let kernelStores = Atomic<Int>(0)
-    /// Object versions being pulled whole (subtlety 7), process-wide.
-    private static let pulling = Locked<Set<BlockCache.Object>>([])
+    /// Object versions being pulled whole by the mount's readers (subtlety 7).
+    private let pulling: PullRegistry
     /// GETs a pull keeps running at once.
     static let pullWorkers = 3
     /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
@@ -84,10 +86,12 @@ final class FileReader: Sendable {
     init(
         store: any ObjectStore, pool: BackgroundPool, key: String, size: Int64, etag: String, manifest: String?,
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
-        budget: MemoryBudget = MemoryBudget(limit: .max), metrics: MountMetrics? = nil,
+        budget: MemoryBudget = MemoryBudget(limit: .max), pulling: PullRegistry = PullRegistry(),
+        metrics: MountMetrics? = nil,
         kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
     ) {
         self.budget = budget
+        self.pulling = pulling
         self.cacheHits = cache == nil || etag.isEmpty ? nil : metrics?.cacheHits
         self.cacheMisses = cache == nil || etag.isEmpty ? nil : metrics?.cacheMisses
         self.kernel = kernel
@@ -303,7 +307,7 @@ final class FileReader: Sendable {
         let start: Bool = state.withLock { s in
             guard s.pullWorkers == 0 else { return false }
             if !s.pulls {
-                guard Self.pulling.withLock({ $0.insert(cacheObject).inserted }) else { return false }
+                guard pulling.claim(cacheObject) else { return false }
                 s.pulls = true
             }
             s.pullWorkers = Self.pullWorkers
@@ -330,11 +334,11 @@ final class FileReader: Sendable {
             guard s.pullWorkers == 0, s.pullNext > (size - 1) / blockSize else { return false }
             return true
         }
-        if done { _ = Self.pulling.withLock { $0.remove(cacheObject) } }
+        if done { pulling.release(cacheObject) }
     }
 
     deinit {
-        if state.withLock({ $0.pulls }) { _ = Self.pulling.withLock { $0.remove(cacheObject) } }
+        if state.withLock({ $0.pulls }) { pulling.release(cacheObject) }
     }
 
     /// The next run of blocks the pull fetches (neither cached nor being fetched), with the budget
@@ -493,6 +497,17 @@ final class FileReader: Sendable {
         }
         return (buffer, info.etag == etag)
     }
+}
+
+/// The object versions a mount's readers are pulling whole (`FileReader`, subtlety 7): one
+/// reader per version pulls at a time.
+final class PullRegistry: Sendable {
+    private let objects = Locked<Set<BlockCache.Object>>([])
+
+    /// Whether the caller may pull `object` (nobody else does).
+    func claim(_ object: BlockCache.Object) -> Bool { objects.withLock { $0.insert(object).inserted } }
+
+    func release(_ object: BlockCache.Object) { _ = objects.withLock { $0.remove(object) } }
 }
 
 /// One block of an object, fetched once and shared by the reads that need it.

@@ -124,7 +124,7 @@ extension Filesystem {
             store: store, pool: pool, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest,
             cache: configuration.blockCache, cacheName: cacheName(node.key),
             fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
-            maximumWindow: configuration.readAheadWindow, budget: configuration.memoryBudget,
+            maximumWindow: configuration.readAheadWindow, budget: configuration.memoryBudget, pulling: pulls,
             metrics: configuration.metrics,
             kernel: kernel)
     }

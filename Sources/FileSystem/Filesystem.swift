@@ -105,6 +105,8 @@ public final class Filesystem: Sendable {
     /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 6).
     let prefetch = Locked(PrefetchState())
     let prefetching = DispatchGroup()
+    /// Object versions being pulled whole by random readers (`FileReader`, subtlety 7).
+    let pulls = PullRegistry()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 1).
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
 

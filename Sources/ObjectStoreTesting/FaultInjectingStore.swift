@@ -17,6 +17,8 @@ public final class FaultInjectingStore: ObjectStore {
         public var key: String
         /// How many calls of this operation came before this one (0 for the first).
         public var index: Int
+        /// The range a GET asks for (nil: the whole object, or not a GET).
+        public var range: ByteRange? = nil
 
         public var description: String { "\(operation.rawValue)#\(index) '\(key)'" }
     }
@@ -64,11 +66,11 @@ public final class FaultInjectingStore: ObjectStore {
     /// Every call that was failed, in order (for messages).
     public var injected: [Call] { state.withLock { $0.injected } }
 
-    private func decide(_ operation: Call.Operation, _ key: String) -> Fault {
+    private func decide(_ operation: Call.Operation, _ key: String, range: ByteRange? = nil) -> Fault {
         state.withLock { s in
             let index = s.counts[operation, default: 0]
             s.counts[operation] = index + 1
-            let call = Call(operation: operation, key: key, index: index)
+            let call = Call(operation: operation, key: key, index: index, range: range)
             let fault = s.decide(call)
             if fault != .none { s.injected.append(call) }
             return fault
@@ -122,7 +124,7 @@ public final class FaultInjectingStore: ObjectStore {
     public func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
         -> ObjectInfo
     {
-        let fault = decide(.get, key)
+        let fault = decide(.get, key, range: range)
         switch fault {
         case .none: return try wrapped.get(key: key, range: range, sink: sink)
         case .before(let code): throw Self.error(code, .get, key, lost: false)

@@ -15,7 +15,7 @@ struct FilesystemCacheTests {
     static let block = 64 << 10
     let cachePath = NSTemporaryDirectory() + "cssp-unit-cache-" + UUID().uuidString + "/blocks.db"
 
-    func makeFilesystem(_ store: FakeObjectStore, capacity: Int64 = 64 << 20) -> Filesystem {
+    func makeFilesystem(_ store: any ObjectStore, capacity: Int64 = 64 << 20) -> Filesystem {
         var configuration = FilesystemConfiguration()
         configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
         configuration.readFetchSize = 4 * Self.block
@@ -35,12 +35,18 @@ struct FilesystemCacheTests {
         try fs.readWhole(try fs.lookup(parent: Filesystem.rootInode, name: name).inode, chunk: chunk)
     }
 
-    func read(_ fs: Filesystem, _ name: String, offset: Int64, length: Int) throws -> [UInt8] {
+    /// Opens `name`, reads, closes. `letThePullFinish`: the handle stays open until the
+    /// background work the read started (the pull of the file) is done, since a pull ends with
+    /// its reader.
+    func read(_ fs: Filesystem, _ name: String, offset: Int64, length: Int, letThePullFinish: Bool = false) throws
+        -> [UInt8]
+    {
         let inode = try fs.lookup(parent: Filesystem.rootInode, name: name).inode
         let opened = try fs.open(inode, writable: false, truncate: false)
         defer { fs.release(handle: opened.handle) }
         var bytes: [UInt8] = []
         try fs.read(handle: opened.handle, offset: offset, length: length) { bytes.append(contentsOf: $0) }
+        if letThePullFinish { #expect(fs.pool.waitUntilIdle(timeout: 30)) }
         return bytes
     }
 
@@ -70,8 +76,7 @@ struct FilesystemCacheTests {
         _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
         store.resetCounts()
         let offset = 5 * Self.block + 4096
-        #expect(try read(fs, "f", offset: Int64(offset), length: 4096) == Array(data[offset..<(offset + 4096)]))
-        #expect(fs.pool.waitUntilIdle(timeout: 30))
+        #expect(try read(fs, "f", offset: Int64(offset), length: 4096, letThePullFinish: true) == Array(data[offset..<(offset + 4096)]))
         fs.waitForCacheWrites()
         #expect(store.counts.get == 2)
         #expect(store.counts.getBytes == Int64(8 * Self.block))
@@ -81,6 +86,34 @@ struct FilesystemCacheTests {
             #expect(try read(fs, "f", offset: Int64(at), length: 100) == Array(data[at..<(at + 100)]))
         }
         #expect(store.counts.get == 0)
+    }
+
+    /// Fault injection: one GET of the pull fails. Its blocks are not cached (nothing wrong
+    /// is), the other runs are pulled, and later reads fetch exactly the failed run and read
+    /// every byte right.
+    @Test func aPullWhoseGetFailsLeavesItsBlocksToLaterReads() throws {
+        let fake = FakeObjectStore()
+        let data = content(16 * Self.block)
+        fake.seed("f", data)
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store)
+        _ = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        // The read's own GET (blocks 4-7) passes; the first GET of the pull fails.
+        let failed = Locked(false)
+        store.inject { call in
+            guard call.operation == .get, let range = call.range, range.lower != Int64(4 * Self.block) else { return .none }
+            return failed.withLock { done in
+                defer { done = true }
+                return done ? .none : .before(.transient)
+            }
+        }
+        let offset = 5 * Self.block + 4096
+        #expect(try read(fs, "f", offset: Int64(offset), length: 4096, letThePullFinish: true) == Array(data[offset..<(offset + 4096)]))
+        fs.waitForCacheWrites()
+        store.heal()
+        fake.resetCounts()
+        #expect(try readAll(fs, "f", chunk: Self.block) == data)
+        #expect(fake.counts.getBytes == Int64(4 * Self.block))
     }
 
     /// Issue 11: `cssp_cache_hits_total` and `cssp_cache_misses_total` count the blocks reads
@@ -144,10 +177,9 @@ struct FilesystemCacheTests {
                 done.signal()
             }, invalidate: { _ in })
         let inode = try fs.lookup(parent: Filesystem.rootInode, name: "f").inode
-        _ = try read(fs, "f", offset: Int64(5 * Self.block + 10), length: 100)
+        _ = try read(fs, "f", offset: Int64(5 * Self.block + 10), length: 100, letThePullFinish: true)
         #expect(done.wait(timeout: .now() + 10) == .success)
         // The read's group, and the rest of the file, which the pull brought.
-        #expect(fs.pool.waitUntilIdle(timeout: 30))
         let offers = stored.withLock { $0 }.sorted { $0.1 < $1.1 }
         #expect(offers.map(\.0) == [inode, inode])
         #expect(offers.map(\.1) == [0, Int64(4 * Self.block)])
