@@ -1,3 +1,6 @@
+import Dispatch
+import Locking
+
 /// Bytes in one malloc'd block: filled by one thread, then only read, by any number of threads.
 /// (A growing `[UInt8]` costs measurably more per byte; this is written once, in place.)
 public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happens before publication.
@@ -6,15 +9,16 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
 
     /// Called once the buffer is freed (a memory budget gives its bytes back).
     private let onFree: (@Sendable () -> Void)?
+    private let recycler: BufferRecycler
 
-    public init(capacity: Int, onFree: (@Sendable () -> Void)? = nil) {
-        // Page-aligned when a page or more: the block cache writes such blocks with O_DIRECT.
-        storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 1), alignment: capacity >= 4096 ? 4096 : 16)
+    public init(capacity: Int, recycler: BufferRecycler = .shared, onFree: (@Sendable () -> Void)? = nil) {
+        storage = recycler.take(byteCount: max(capacity, 1))
+        self.recycler = recycler
         self.onFree = onFree
     }
 
     deinit {
-        storage.deallocate()
+        recycler.give(storage)
         onFree?()
     }
 
@@ -38,5 +42,107 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
         let upper = min(range.upperBound, count)
         let lower = min(range.lowerBound, upper)
         return try body(UnsafeRawBufferPointer(rebasing: storage[lower..<upper]))
+    }
+}
+
+/// Keeps the storage of recently freed large buffers for the next buffer of the same size.
+///
+/// The daemon's mmap threshold is fixed (a freed transfer buffer leaves the process), so every
+/// new 1 or 4 MiB buffer used to start as untouched pages: the kernel zeroes each one, and on a
+/// virtual machine whose host lends memory lazily the first touch costs more still. A cold read
+/// of 1 GiB spent a quarter of the daemon's CPU on those faults. Recycled storage is resident
+/// and warm. What is kept is bounded (`limit` bytes) and freed after `idle` without use, so an
+/// idle mount gives it back; only exact sizes are matched, so a buffer never holds more
+/// resident memory than its budget reservation.
+///
+/// Pages of a page or more are 4096-aligned: the block cache writes such blocks with O_DIRECT.
+public final class BufferRecycler: Sendable {
+    public static let shared = BufferRecycler(limit: 8 << 20, minimum: 256 << 10, idle: .seconds(2))
+
+    private struct Entry: @unchecked Sendable {  // The storage is owned by the recycler alone.
+        let storage: UnsafeMutableRawBufferPointer
+        let since: ContinuousClock.Instant
+    }
+    private struct State {
+        var entries: [Entry] = []  // Oldest first.
+        var bytes = 0
+        var trimScheduled = false
+    }
+
+    private let limit: Int
+    private let minimum: Int
+    private let idle: Duration
+    private let state = Locked(State())
+
+    /// Keeps at most `limit` bytes, of buffers of at least `minimum` bytes, for `idle` each.
+    public init(limit: Int, minimum: Int, idle: Duration) {
+        self.limit = limit
+        self.minimum = minimum
+        self.idle = idle
+    }
+
+    /// Bytes held for reuse now.
+    public var bytesHeld: Int { state.withLock { $0.bytes } }
+
+    /// Storage of `byteCount` bytes, recycled if some of exactly that size is kept. Hand it back
+    /// with `give`.
+    public func take(byteCount: Int) -> UnsafeMutableRawBufferPointer {
+        if byteCount >= minimum {
+            let reused: UnsafeMutableRawBufferPointer? = state.withLock { state in
+                guard let index = state.entries.lastIndex(where: { $0.storage.count == byteCount }) else { return nil }
+                state.bytes -= byteCount
+                return state.entries.remove(at: index).storage
+            }
+            if let reused { return reused }
+        }
+        return .allocate(byteCount: byteCount, alignment: byteCount >= 4096 ? 4096 : 16)
+    }
+
+    /// Keeps `storage` (from `take`) for reuse, or frees it.
+    public func give(_ storage: UnsafeMutableRawBufferPointer) {
+        guard storage.count >= minimum, storage.count <= limit else { return storage.deallocate() }
+        var freed: [UnsafeMutableRawBufferPointer] = []
+        let scheduleTrim: Bool = state.withLock { state in
+            state.entries.append(Entry(storage: storage, since: .now))
+            state.bytes += storage.count
+            while state.bytes > limit {
+                let oldest = state.entries.removeFirst()
+                state.bytes -= oldest.storage.count
+                freed.append(oldest.storage)
+            }
+            defer { state.trimScheduled = true }
+            return !state.trimScheduled
+        }
+        for storage in freed { storage.deallocate() }
+        if scheduleTrim { scheduleTrimming() }
+    }
+
+    /// Frees what has not been reused for `idle` before `now`; returns how many bytes are left.
+    @discardableResult
+    public func trim(now: ContinuousClock.Instant = .now) -> Int { trim(now: now, fromTimer: false) }
+
+    /// The timer's trim ends the schedule, in the same lock, when nothing is left.
+    private func trim(now: ContinuousClock.Instant, fromTimer: Bool) -> Int {
+        var freed: [UnsafeMutableRawBufferPointer] = []
+        let left: Int = state.withLock { state in
+            state.entries.removeAll { entry in
+                guard now - entry.since >= idle else { return false }
+                state.bytes -= entry.storage.count
+                freed.append(entry.storage)
+                return true
+            }
+            if fromTimer && state.bytes == 0 { state.trimScheduled = false }
+            return state.bytes
+        }
+        for storage in freed { storage.deallocate() }
+        return left
+    }
+
+    private func scheduleTrimming() {
+        let (seconds, attoseconds) = idle.components
+        let delay = DispatchTimeInterval.nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
+        DispatchQueue.global(qos: .utility).asyncAfter(deadline: .now() + delay) { [self] in
+            if trim(now: .now, fromTimer: true) > 0 { scheduleTrimming() }
+        }
     }
 }

@@ -1,3 +1,4 @@
+import BlockCache
 import Locking
 import ObjectStore
 import Synchronization
@@ -329,8 +330,8 @@ final class SpoolFile: Sendable {
             return
         }
         let count = Int(min(Int64(length), size - offset))
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
-        defer { buffer.deallocate() }
+        let buffer = BufferRecycler.shared.take(byteCount: count)
+        defer { BufferRecycler.shared.give(buffer) }
         let done = try usingDescriptor { (fd) throws(FSError) -> Int in
             var done = 0
             while done < count {

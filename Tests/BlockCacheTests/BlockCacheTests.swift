@@ -285,3 +285,79 @@ struct BlockCacheTests {
         #expect(cache.statistics().diskBytes <= Int64(Self.block))
     }
 }
+
+/// Large buffers hand their storage to the next buffer of the same size, within bounds.
+struct BufferRecyclerTests {
+    static let mebibyte = 1 << 20
+
+    func filled(_ count: Int, _ recycler: BufferRecycler, byte: UInt8 = 7) -> ByteBuffer {
+        let buffer = ByteBuffer(capacity: count, recycler: recycler)
+        buffer.fill { space in
+            space.initializeMemory(as: UInt8.self, repeating: byte)
+            return space.count
+        }
+        return buffer
+    }
+
+    @Test func aFreedBufferIsReusedByTheNextOfItsSizeOnly() {
+        let recycler = BufferRecycler(limit: 8 * Self.mebibyte, minimum: 256 << 10, idle: .seconds(60))
+        var freed: [Int: UnsafeRawPointer] = [:]
+        for count in [Self.mebibyte, 2 * Self.mebibyte] {
+            let buffer = filled(count, recycler)
+            freed[count] = buffer.withBytes(0..<1) { $0.baseAddress! }
+        }
+        #expect(recycler.bytesHeld == 3 * Self.mebibyte)
+
+        let other = ByteBuffer(capacity: 3 * Self.mebibyte, recycler: recycler)
+        #expect(recycler.bytesHeld == 3 * Self.mebibyte)
+        let same = ByteBuffer(capacity: Self.mebibyte, recycler: recycler)
+        #expect(recycler.bytesHeld == 2 * Self.mebibyte)
+        same.fill { space in
+            #expect(UnsafeRawPointer(space.baseAddress!) == freed[Self.mebibyte])
+            return 0
+        }
+        // A recycled buffer starts empty, whatever its storage held.
+        #expect(same.count == 0)
+        #expect(same.capacity == Self.mebibyte)
+        withExtendedLifetime(other) {}
+    }
+
+    @Test func smallBuffersAreNeverKept() {
+        let recycler = BufferRecycler(limit: 8 * Self.mebibyte, minimum: 256 << 10, idle: .seconds(60))
+        for _ in 0..<4 { _ = filled(64 << 10, recycler) }
+        #expect(recycler.bytesHeld == 0)
+    }
+
+    @Test func whatIsKeptStaysWithinTheLimitDroppingTheOldest() {
+        let recycler = BufferRecycler(limit: 3 * Self.mebibyte, minimum: 256 << 10, idle: .seconds(60))
+        var live = (0..<5).map { _ in filled(Self.mebibyte, recycler) }
+        live.removeAll()
+        #expect(recycler.bytesHeld == 3 * Self.mebibyte)
+        // A buffer larger than the limit is never kept.
+        _ = filled(4 * Self.mebibyte, recycler)
+        #expect(recycler.bytesHeld == 3 * Self.mebibyte)
+    }
+
+    @Test func storageIdleLongerThanItsTimeIsFreed() async throws {
+        let recycler = BufferRecycler(limit: 8 * Self.mebibyte, minimum: 256 << 10, idle: .seconds(5))
+        _ = filled(Self.mebibyte, recycler)
+        #expect(recycler.trim(now: .now) == Self.mebibyte)
+        #expect(recycler.trim(now: .now + .seconds(6)) == 0)
+        #expect(recycler.bytesHeld == 0)
+    }
+
+    @Test func theRecyclersOwnTimerFreesIdleStorage() async throws {
+        let recycler = BufferRecycler(limit: 8 * Self.mebibyte, minimum: 256 << 10, idle: .milliseconds(20))
+        _ = filled(Self.mebibyte, recycler)
+        #expect(recycler.bytesHeld == Self.mebibyte)
+        // Waits for the timer (a condition with a deadline, not a sleep standing in for one).
+        let deadline = ContinuousClock.now + .seconds(10)
+        while recycler.bytesHeld > 0 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(recycler.bytesHeld == 0)
+        // After it ran dry, a new buffer starts a new timer.
+        _ = filled(Self.mebibyte, recycler)
+        let again = ContinuousClock.now + .seconds(10)
+        while recycler.bytesHeld > 0 && ContinuousClock.now < again { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(recycler.bytesHeld == 0)
+    }
+}
