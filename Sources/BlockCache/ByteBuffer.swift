@@ -18,8 +18,7 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
     }
 
     deinit {
-        recycler.give(storage)
-        onFree?()
+        recycler.give(storage, onFree: onFree)
     }
 
     public var capacity: Int { storage.count }
@@ -53,7 +52,9 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
 /// of 1 GiB spent a quarter of the daemon's CPU on those faults. Recycled storage is resident
 /// and warm. What is kept is bounded (`limit` bytes) and freed after `idle` without use, so an
 /// idle mount gives it back; only exact sizes are matched, so a buffer never holds more
-/// resident memory than its budget reservation.
+/// resident memory than its budget reservation. Kept storage keeps its buffer's reservation
+/// (`onFree` runs when the storage is freed or taken over), so a memory budget still bounds
+/// what is resident; a budget that runs short calls `drain()`.
 ///
 /// Pages of a page or more are 4096-aligned: the block cache writes such blocks with O_DIRECT.
 public final class BufferRecycler: Sendable {
@@ -62,6 +63,13 @@ public final class BufferRecycler: Sendable {
     private struct Entry: @unchecked Sendable {  // The storage is owned by the recycler alone.
         let storage: UnsafeMutableRawBufferPointer
         let since: ContinuousClock.Instant
+        /// What the buffer that used the storage last holds (a budget reservation).
+        let onFree: (@Sendable () -> Void)?
+
+        func free() {
+            storage.deallocate()
+            onFree?()
+        }
     }
     private struct State {
         var entries: [Entry] = []  // Oldest first.
@@ -88,33 +96,51 @@ public final class BufferRecycler: Sendable {
     /// with `give`.
     public func take(byteCount: Int) -> UnsafeMutableRawBufferPointer {
         if byteCount >= minimum {
-            let reused: UnsafeMutableRawBufferPointer? = state.withLock { state in
+            let reused: Entry? = state.withLock { state in
                 guard let index = state.entries.lastIndex(where: { $0.storage.count == byteCount }) else { return nil }
                 state.bytes -= byteCount
-                return state.entries.remove(at: index).storage
+                return state.entries.remove(at: index)
             }
-            if let reused { return reused }
+            if let reused {
+                // The new owner brings its own reservation.
+                reused.onFree?()
+                return reused.storage
+            }
         }
         return .allocate(byteCount: byteCount, alignment: byteCount >= 4096 ? 4096 : 16)
     }
 
-    /// Keeps `storage` (from `take`) for reuse, or frees it.
-    public func give(_ storage: UnsafeMutableRawBufferPointer) {
-        guard storage.count >= minimum, storage.count <= limit else { return storage.deallocate() }
-        var freed: [UnsafeMutableRawBufferPointer] = []
+    /// Keeps `storage` (from `take`) for reuse, or frees it. `onFree` runs when the storage is
+    /// freed or taken by the next buffer.
+    public func give(_ storage: UnsafeMutableRawBufferPointer, onFree: (@Sendable () -> Void)? = nil) {
+        let entry = Entry(storage: storage, since: .now, onFree: onFree)
+        guard storage.count >= minimum, storage.count <= limit else { return entry.free() }
+        var freed: [Entry] = []
         let scheduleTrim: Bool = state.withLock { state in
-            state.entries.append(Entry(storage: storage, since: .now))
+            state.entries.append(entry)
             state.bytes += storage.count
             while state.bytes > limit {
                 let oldest = state.entries.removeFirst()
                 state.bytes -= oldest.storage.count
-                freed.append(oldest.storage)
+                freed.append(oldest)
             }
             defer { state.trimScheduled = true }
             return !state.trimScheduled
         }
-        for storage in freed { storage.deallocate() }
+        for entry in freed { entry.free() }
         if scheduleTrim { scheduleTrimming() }
+    }
+
+    /// Frees everything kept (a memory budget ran short).
+    public func drain() {
+        let freed: [Entry] = state.withLock { state in
+            defer {
+                state.entries = []
+                state.bytes = 0
+            }
+            return state.entries
+        }
+        for entry in freed { entry.free() }
     }
 
     /// Frees what has not been reused for `idle` before `now`; returns how many bytes are left.
@@ -123,18 +149,18 @@ public final class BufferRecycler: Sendable {
 
     /// The timer's trim ends the schedule, in the same lock, when nothing is left.
     private func trim(now: ContinuousClock.Instant, fromTimer: Bool) -> Int {
-        var freed: [UnsafeMutableRawBufferPointer] = []
+        var freed: [Entry] = []
         let left: Int = state.withLock { state in
             state.entries.removeAll { entry in
                 guard now - entry.since >= idle else { return false }
                 state.bytes -= entry.storage.count
-                freed.append(entry.storage)
+                freed.append(entry)
                 return true
             }
             if fromTimer && state.bytes == 0 { state.trimScheduled = false }
             return state.bytes
         }
-        for storage in freed { storage.deallocate() }
+        for entry in freed { entry.free() }
         return left
     }
 

@@ -476,7 +476,7 @@ final class FileReader: Sendable {
         budget.reserve(more)
         let held = reserved + more
         let budget = self.budget
-        let buffer = ByteBuffer(capacity: Int(range.length)) { budget.release(held) }
+        let buffer = ByteBuffer(capacity: Int(range.length), recycler: budget.recycler) { budget.release(held) }
         let info: ObjectInfo
         do throws(ObjectStoreError) {
             info = try store.get(key: key, range: range) { buffer.append($0) }

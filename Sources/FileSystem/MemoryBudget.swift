@@ -1,3 +1,4 @@
+import BlockCache
 import Synchronization
 
 /// The bytes of fetched data the mount holds in memory at once: every GET buffer of a reader
@@ -5,12 +6,20 @@ import Synchronization
 /// cache writer stored it). Read-ahead asks first and is skipped when the budget is spent (the
 /// back-pressure: 64 parallel readers share it instead of each growing its own window); a read
 /// the kernel waits for always gets its bytes, so every reader makes progress.
+///
+/// Freed buffers kept for reuse (`BufferRecycler`) still hold their bytes of the budget; when it
+/// runs short they are freed first.
 public final class MemoryBudget: Sendable {
     public let limit: Int64
     private let used = Atomic<Int64>(0)
     private let highest = Atomic<Int64>(0)
+    /// Where the budget's buffers go when freed.
+    public let recycler: BufferRecycler
 
-    public init(limit: Int64) { self.limit = limit }
+    public init(limit: Int64, recycler: BufferRecycler = .shared) {
+        self.limit = limit
+        self.recycler = recycler
+    }
 
     /// Bytes held now, and the most held at once since the mount started.
     public var inUse: Int64 { used.load(ordering: .relaxed) }
@@ -18,6 +27,12 @@ public final class MemoryBudget: Sendable {
 
     /// Takes `bytes` if they fit within the limit.
     func tryReserve(_ bytes: Int64) -> Bool {
+        if take(bytes) { return true }
+        recycler.drain()
+        return take(bytes)
+    }
+
+    private func take(_ bytes: Int64) -> Bool {
         var current = used.load(ordering: .relaxed)
         while true {
             guard current + bytes <= limit else { return false }
@@ -33,6 +48,7 @@ public final class MemoryBudget: Sendable {
 
     /// Takes `bytes` whatever the limit (a read someone waits for).
     func reserve(_ bytes: Int64) {
+        if used.load(ordering: .relaxed) + bytes > limit { recycler.drain() }
         notePeak(used.add(bytes, ordering: .relaxed).newValue)
     }
 

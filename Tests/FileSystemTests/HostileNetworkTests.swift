@@ -79,7 +79,8 @@ struct HostileNetworkTests {
         configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-hostile-spool-" + UUID().uuidString
         configuration.readFetchSize = 1 << 20
         configuration.readAheadWindow = 8 << 20
-        let budget = MemoryBudget(limit: limit)
+        let recycler = BufferRecycler(limit: 8 << 20, minimum: 256 << 10, idle: .seconds(60))
+        let budget = MemoryBudget(limit: limit, recycler: recycler)
         configuration.memoryBudget = budget
         // GETs take 20 ms, as from a server farther away than this machine: windows fill up.
         let far = FaultInjectingStore(store) { call in
@@ -96,6 +97,9 @@ struct HostileNetworkTests {
         }
         for index in 0..<readers { #expect(results.withLock { $0[index] } == contents[index], "reader \(index)") }
         fs.shutdown()
+        // Buffers kept for reuse still hold their share; everything else was given back.
+        #expect(budget.inUse == Int64(recycler.bytesHeld), "\(budget.inUse) bytes never given back")
+        recycler.drain()
         #expect(budget.inUse == 0, "\(budget.inUse) bytes never given back")
         let bound = (4 << 20) + Int64(readers) * (1 << 20)
         if limit == 4 << 20 {
@@ -186,3 +190,48 @@ struct HostileNetworkTests {
     }
 }
 
+
+/// Freed buffers kept for reuse count against the memory budget until they are freed or reused.
+struct RecycledBufferBudgetTests {
+    static let mebibyte: Int64 = 1 << 20
+
+    func buffer(_ budget: MemoryBudget, forced: Bool = false) -> ByteBuffer? {
+        if forced {
+            budget.reserve(Self.mebibyte)
+        } else {
+            guard budget.tryReserve(Self.mebibyte) else { return nil }
+        }
+        let buffer = ByteBuffer(capacity: Int(Self.mebibyte), recycler: budget.recycler) { budget.release(Self.mebibyte) }
+        buffer.fill { $0.count }
+        return buffer
+    }
+
+    @Test func keptStorageHoldsItsShareUntilTheNextBufferTakesItOver() throws {
+        let recycler = BufferRecycler(limit: 8 << 20, minimum: 256 << 10, idle: .seconds(60))
+        let budget = MemoryBudget(limit: 4 * Self.mebibyte, recycler: recycler)
+        _ = try #require(buffer(budget))
+        #expect(recycler.bytesHeld == Int(Self.mebibyte))
+        #expect(budget.inUse == Self.mebibyte)
+        // The next buffer reserves its own share and takes the storage: one share again.
+        let next = try #require(buffer(budget))
+        #expect(recycler.bytesHeld == 0)
+        #expect(budget.inUse == Self.mebibyte)
+        withExtendedLifetime(next) {}
+    }
+
+    @Test(arguments: [false, true])
+    func aBudgetThatRunsShortFreesWhatIsKept(forced: Bool) throws {
+        let recycler = BufferRecycler(limit: 8 << 20, minimum: 256 << 10, idle: .seconds(60))
+        let budget = MemoryBudget(limit: 4 * Self.mebibyte, recycler: recycler)
+        var live = try (0..<4).map { _ in try #require(buffer(budget)) }
+        live.removeAll()
+        #expect(budget.inUse == 4 * Self.mebibyte)
+        #expect(recycler.bytesHeld == 4 << 20)
+        // Full: a read-ahead (tryReserve) or a read someone waits for (reserve) frees the kept
+        // storage instead of being refused or going over the limit.
+        let more = try #require(buffer(budget, forced: forced))
+        #expect(budget.inUse == Self.mebibyte)
+        #expect(budget.peak <= 4 * Self.mebibyte)
+        withExtendedLifetime(more) {}
+    }
+}
