@@ -25,17 +25,19 @@ public final class MemoryBudget: Sendable {
     public var inUse: Int64 { used.load(ordering: .relaxed) }
     public var peak: Int64 { highest.load(ordering: .relaxed) }
 
-    /// Takes `bytes` if they fit within the limit.
-    func tryReserve(_ bytes: Int64) -> Bool {
-        if take(bytes) { return true }
+    /// Takes `bytes` if they fit within the limit, or within `ceiling` if lower (work that
+    /// may wait, like a background pull, leaves the rest to readers).
+    func tryReserve(_ bytes: Int64, upTo ceiling: Int64 = .max) -> Bool {
+        let bound = min(ceiling, limit)
+        if take(bytes, upTo: bound) { return true }
         recycler.drain()
-        return take(bytes)
+        return take(bytes, upTo: bound)
     }
 
-    private func take(_ bytes: Int64) -> Bool {
+    private func take(_ bytes: Int64, upTo bound: Int64) -> Bool {
         var current = used.load(ordering: .relaxed)
         while true {
-            guard current + bytes <= limit else { return false }
+            guard current + bytes <= bound else { return false }
             let (exchanged, original) = used.compareExchange(
                 expected: current, desired: current + bytes, ordering: .relaxed)
             if exchanged {
