@@ -25,8 +25,9 @@ import Glibc
 ///    parts can change under a stable manifest, and cached bytes must match their ETag.
 /// 4. Without a cache, a random read fetches exactly the bytes asked for (nothing would keep the rest).
 /// 7. A file read at random that fits the cache is pulled whole in the background (`startPull`):
-///    `pullWorkers` GETs of `groupSize` at a time, each taking the budget first (when half the
-///    budget is spent the pull stops; the next random read starts it again where it stopped), while the reads
+///    `pullWorkers` GETs of `groupSize` at a time, each taking the budget first (the pull takes
+///    half of it at most: beyond that it stops, and the next random read starts it again where it
+///    stopped), while the reads
 ///    that wait are served as before (a read of a block being pulled waits for that GET). One
 ///    reader per object version pulls at a time (`pulling`, shared by the mount's readers). A
 ///    pull ends with its reader (the handle's release): a program that read a few bytes and
@@ -342,7 +343,9 @@ final class FileReader: Sendable {
     }
 
     /// The next run of blocks the pull fetches (neither cached nor being fetched), with the budget
-    /// it took; nil when the file is done or the budget is spent (the pull then stops there).
+    /// it took; nil when the file is done or half the budget is spent (the pull then stops there,
+    /// and the next random read starts it again). Half: the reads it serves cannot wait, the pull
+    /// can (fio's 4 readers peaked at 58-60.5 MiB RSS when the pull could take all 64 MiB).
     private func nextPullRun() -> (run: [Block], reserved: Int64)? {
         guard let cache else { return nil }
         let lastIndex = (size - 1) / blockSize
@@ -369,9 +372,6 @@ final class FileReader: Sendable {
                 state.withLock { s in s.pullNext = min(s.pullNext, uncached[stretch.count]) }
             }
             let reserved = Int64(stretch.count) * blockSize
-            // Half the budget at most: the pull can wait, readers cannot (and peak RSS stays
-            // within 60 MiB at the default budget: fio's 4 readers peaked at 58-60.5 MiB with
-            // the pull taking up to all of it).
             guard budget.tryReserve(reserved, upTo: budget.limit / 2) else {
                 state.withLock { s in s.pullNext = min(s.pullNext, first) }
                 return nil
