@@ -36,7 +36,7 @@ public final class FaultInjectingStore: ObjectStore {
     }
 
     public let wrapped: any ObjectStore
-    /// Protects the decision and the call counts.
+    /// Protects the decision, the call counts and the failed calls (not the decision's own run).
     private let state: Locked<(decide: @Sendable (Call) -> Fault, counts: [Call.Operation: Int], injected: [Call])>
 
     public init(_ wrapped: any ObjectStore, decide: @escaping @Sendable (Call) -> Fault = { _ in .none }) {
@@ -66,15 +66,17 @@ public final class FaultInjectingStore: ObjectStore {
     /// Every call that was failed, in order (for messages).
     public var injected: [Call] { state.withLock { $0.injected } }
 
+    /// The decision runs outside the lock: a decision that waits (a slow server) must not make
+    /// every other call wait too, which would turn parallel requests into serial ones.
     private func decide(_ operation: Call.Operation, _ key: String, range: ByteRange? = nil) -> Fault {
-        state.withLock { s in
+        let (decide, call): (@Sendable (Call) -> Fault, Call) = state.withLock { s in
             let index = s.counts[operation, default: 0]
             s.counts[operation] = index + 1
-            let call = Call(operation: operation, key: key, index: index, range: range)
-            let fault = s.decide(call)
-            if fault != .none { s.injected.append(call) }
-            return fault
+            return (s.decide, Call(operation: operation, key: key, index: index, range: range))
         }
+        let fault = decide(call)
+        if fault != .none { state.withLock { $0.injected.append(call) } }
+        return fault
     }
 
     private static func error(_ code: ObjectStoreError.Code, _ operation: Call.Operation, _ key: String, lost: Bool)

@@ -347,7 +347,8 @@ struct BufferRecyclerTests {
     }
 
     @Test func theRecyclersOwnTimerFreesIdleStorage() async throws {
-        let recycler = BufferRecycler(limit: 8 * Self.mebibyte, minimum: 256 << 10, idle: .milliseconds(20))
+        // Long enough that the check right after the free cannot lose a race with the timer.
+        let recycler = BufferRecycler(limit: 8 * Self.mebibyte, minimum: 256 << 10, idle: .milliseconds(500))
         _ = filled(Self.mebibyte, recycler)
         #expect(recycler.bytesHeld == Self.mebibyte)
         // Waits for the timer (a condition with a deadline, not a sleep standing in for one).

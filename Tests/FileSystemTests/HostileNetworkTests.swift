@@ -235,3 +235,24 @@ struct RecycledBufferBudgetTests {
         withExtendedLifetime(more) {}
     }
 }
+
+/// The fault injector models a slow server by waiting in its decision: two requests must be
+/// able to wait at once, or every test that models latency this way runs its requests serially.
+struct FaultInjectorConcurrencyTests {
+    @Test func twoDecisionsThatWaitRunAtOnce() {
+        let fake = FakeObjectStore()
+        fake.seed("a", [1])
+        let inside = ConditionLocked(0)
+        let metWhileWaiting = Locked(0)
+        let store = FaultInjectingStore(fake) { _ in
+            inside.withLock { $0 += 1 }
+            // Each decision waits for the other to be inside too (10 s at most).
+            if inside.withLock(when: { $0 >= 2 }, timeout: 10, { _ in true }) != nil {
+                metWhileWaiting.withLock { $0 += 1 }
+            }
+            return .none
+        }
+        DispatchQueue.concurrentPerform(iterations: 2) { _ in _ = try? store.head(key: "a") }
+        #expect(metWhileWaiting.withLock { $0 } == 2)
+    }
+}
