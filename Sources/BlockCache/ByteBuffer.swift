@@ -54,9 +54,10 @@ public final class ByteBuffer: @unchecked Sendable {  // No lock: `append` happe
 /// idle mount gives it back; only exact sizes are matched, so a buffer never holds more
 /// resident memory than its budget reservation. Kept storage keeps its buffer's reservation
 /// (`onFree` runs when the storage is freed or taken over), so a memory budget still bounds
-/// what is resident; a budget that runs short calls `drain()`.
+/// what its buffers keep resident; a budget that runs short calls `drain()`. Storage given
+/// without an `onFree` (reply buffers) is kept within the same `limit`.
 ///
-/// Pages of a page or more are 4096-aligned: the block cache writes such blocks with O_DIRECT.
+/// Buffers of a page or more are 4096-aligned: the block cache writes such blocks with O_DIRECT.
 public final class BufferRecycler: Sendable {
     public static let shared = BufferRecycler(limit: 8 << 20, minimum: 256 << 10, idle: .seconds(2))
 

@@ -26,12 +26,11 @@ import Glibc
 /// 4. Without a cache, a random read fetches exactly the bytes asked for (nothing would keep the rest).
 /// 7. A file read at random that fits the cache is pulled whole in the background (`startPull`):
 ///    `pullWorkers` GETs of `groupSize` at a time, each taking the budget first (the pull takes
-///    half of it at most: beyond that it stops, and the next random read starts it again where it
-///    stopped), while the reads
-///    that wait are served as before (a read of a block being pulled waits for that GET). One
-///    reader per object version pulls at a time (`pulling`, shared by the mount's readers). A
-///    pull ends with its reader (the handle's release): a program that read a few bytes and
-///    closed the file does not download the rest.
+///    half of it at most: beyond that it stops, and the next random read starts it again where
+///    it stopped), while the reads that wait are served as before (a read of a block being
+///    pulled waits for that GET). One reader per object version pulls at a time (`pulling`,
+///    shared by the mount's readers). A pull ends with its reader (the handle's release): a
+///    program that read a few bytes and closed the file does not download the rest.
 /// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
 final class FileReader: Sendable {
     let key: String
