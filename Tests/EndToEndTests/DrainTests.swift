@@ -30,9 +30,9 @@ struct DrainTests {
                 environment, container: container,
                 options: ["cache_dir=" + cache, "retries=1", "drain_timeout=\(drainTimeout)"],
                 extraEnvironment: ["CSSP_TEST_PENDING_RETRY_SECONDS": "3600"])
-            try "PUT status=503 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            try "PUT status=503 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
             let source = cache + "-source.txt"
-            try "owed\n".write(toFile: source, atomically: true, encoding: .utf8)
+            try "owed\n".writeReplacing(file: source)
             defer { try? FileManager.default.removeItem(atPath: source) }
             let write = try shell("cp \(quoted(source)) \(quoted(mount.path("owed.txt")))")
             #expect(write.status != 0 && write.stderr.contains("Input/output error"), "\(write.stderr)")
@@ -75,16 +75,16 @@ struct DrainTests {
                     + "\(quoted(directory)) -o passwd_file=\(quoted(environment.passwdFile)),cache_dir=\(quoted(cache)),retries=1,helper=cssp")
             #expect(mounted.status == 0, "\(mounted.stderr)")
             defer { if isMounted(directory) { _ = try? shell("umount -i \(quoted(directory))") } }
-            try "PUT status=503 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            try "PUT status=503 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
             let source = cache + "-source.txt"
-            try "owed\n".write(toFile: source, atomically: true, encoding: .utf8)
+            try "owed\n".writeReplacing(file: source)
             defer { try? FileManager.default.removeItem(atPath: source) }
             #expect(try shell("cp \(quoted(source)) \(quoted(directory + "/owed.txt"))").status != 0)
             let status = try Self.waitUntilOwed(environment, directory)
             #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
             // The server is back, but slow: each PUT of the file is answered after 1 s. A umount
             // that did not wait would return before the file is stored.
-            try "PUT stall=1 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            try "PUT stall=1 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
             let result = try shell("umount \(quoted(directory))")
             #expect(result.status == 0, "\(result.stderr)")
             #expect(!isMounted(directory))

@@ -62,7 +62,7 @@ struct FaultMatrixTests {
         for (index, fault) in Self.cases.enumerated() {
             let method = fault.write ? "PUT" : "GET"
             let key = (fault.write ? "w" : "r") + "\(index).bin"
-            try "\(method) \(fault.fault) /\(container)/\(key)\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            try "\(method) \(fault.fault) /\(container)/\(key)\n".writeReplacing(file: faultFile)
             let started = Date()
             let run =
                 fault.write

@@ -215,3 +215,19 @@ func md5(_ path: String) throws -> String {
     guard result.status == 0 else { throw HarnessError("md5sum \(path): \(result.stderr)") }
     return String(result.stdout.prefix(32))
 }
+
+extension String {
+    /// Replaces the file at `path` with this text in one step (a new file renamed over it), as
+    /// a reader polling the file (the test server's fault file) needs. Foundation's
+    /// `write(toFile:atomically: true)` does the same but leaves an empty
+    /// `/tmp/TemporaryDirectory.*` behind on every call (swift-corelibs-foundation).
+    func writeReplacing(file path: String) throws {
+        let temporary = path + ".new-" + String(UInt64.random(in: 0...UInt64.max), radix: 16)
+        try write(toFile: temporary, atomically: false, encoding: .utf8)
+        guard rename(temporary, path) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(temporary)
+            throw HarnessError("cannot replace \(path): \(reason)")
+        }
+    }
+}

@@ -56,7 +56,7 @@ struct PackageTests {
         let fstab = directory + ".fstab"
         defer { try? FileManager.default.removeItem(atPath: fstab) }
         try "\(url) \(directory) cssp _netdev,nofail,x-systemd.automount,\(options) 0 0\n"
-            .write(toFile: fstab, atomically: true, encoding: .utf8)
+            .writeReplacing(file: fstab)
         let viaFstab = try shell("env -i /bin/mount -T \(quoted(fstab)) \(quoted(directory))")
         #expect(viaFstab.status == 0, "\(viaFstab.stderr)")
         #expect(try shell("ls \(quoted(directory + "/tree"))").stdout.contains("top.txt"))

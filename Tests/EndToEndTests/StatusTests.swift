@@ -62,10 +62,10 @@ struct StatusTests {
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "retries=1"])
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
-        try "PUT status=503 /\(container)/owed.txt\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        try "PUT status=503 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
         // cp checks what close returns (a shell redirection does not).
         let source = NSTemporaryDirectory() + "cssp-e2e-" + container + ".txt"
-        try "owed\n".write(toFile: source, atomically: true, encoding: .utf8)
+        try "owed\n".writeReplacing(file: source)
         defer { try? FileManager.default.removeItem(atPath: source) }
         let write = try shell("cp \(quoted(source)) \(quoted(mount.path("owed.txt")))")
         #expect(write.status != 0 && write.stderr.contains("Input/output error"), "\(write.stderr)")
@@ -102,7 +102,7 @@ struct StatusTests {
             environment, container: container,
             options: ["cache_dir=" + cache, "multipart_threshold_mb=1", "part_size_mb=1", "upload_parallel=1"])
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
-        try "PUT stall=2 /\(container)/.cssp-parts/\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+        try "PUT stall=2 /\(container)/.cssp-parts/\n".writeReplacing(file: faultFile)
         let source = cache + "-source.bin"
         try Data((0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31) }).write(to: URL(fileURLWithPath: source))
         defer { try? FileManager.default.removeItem(atPath: source) }

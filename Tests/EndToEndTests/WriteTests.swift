@@ -39,7 +39,7 @@ struct WriteTests {
             guard let faultFile = ProcessInfo.processInfo.environment["CSSP_SERVER_FAULT_FILE"] else {
                 throw HarnessError("CSSP_SERVER_FAULT_FILE is not set: run through scripts/test")
             }
-            try "PUT 503 /\(container)/\n".write(toFile: faultFile, atomically: true, encoding: .utf8)
+            try "PUT 503 /\(container)/\n".writeReplacing(file: faultFile)
             return faultFile
         }
 
@@ -438,7 +438,7 @@ struct MountHelperTests {
             let fstab = directory + ".fstab"
             defer { try? FileManager.default.removeItem(atPath: fstab) }
             try "\(url) \(directory) cssp _netdev,allow_other,passwd_file=\(env.passwdFile),noatime,x-systemd.automount,nofail 0 0\n"
-                .write(toFile: fstab, atomically: true, encoding: .utf8)
+                .writeReplacing(file: fstab)
             let viaFstab = try shell("env -i /bin/mount -T \(quoted(fstab)) \(quoted(directory))")
             #expect(viaFstab.status == 0, "\(viaFstab.stderr)")
             #expect(try shell("ls \(quoted(directory + "/tree"))").stdout.contains("top.txt"))
