@@ -57,7 +57,7 @@ extension Filesystem {
     /// was just confirmed, a HEAD first checks that the object is still the version they were
     /// made on (else they are void: see `Node.voidOwedAttributes`).
     func storeOwedAttributes(_ inode: InodeNumber) throws(FSError) {
-        try attributeLock(inode).withLock { (_: inout Void) throws(FSError) in
+        try attributeLock(inode).withLock { () throws(FSError) in
             defer { syncAttributeNoteLocked(inode) }
             guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
             var (contentType, metadata) = storedForm(of: node)
@@ -130,7 +130,7 @@ extension Filesystem {
     }
 
     private func withAttributeLock(_ inode: InodeNumber, _ body: () -> Void) {
-        attributeLock(inode).withLock { (_: inout Void) in body() }
+        attributeLock(inode).withLock(body)
     }
 
     /// The attribute lock (stripe) of `inode`: lock 1 of the LOCKING block in Filesystem.swift.
@@ -144,7 +144,7 @@ extension Filesystem {
 
     private func holdingAttributes<T>(_ stripes: ArraySlice<Int>, _ body: () throws(FSError) -> T) throws(FSError) -> T {
         guard let first = stripes.first else { return try body() }
-        return try attributeLocks[first].withLock { (_: inout Void) throws(FSError) -> T in
+        return try attributeLocks[first].withLock { () throws(FSError) -> T in
             try holdingAttributes(stripes.dropFirst(), body)
         }
     }

@@ -499,7 +499,7 @@ extension Filesystem {
     /// Uploads the spool (or only its metadata) if it changed since the last upload. `owed`: a
     /// retry of a failed upload, which first checks that nobody else changed the object.
     func commit(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
-        try open.uploadLock.withLock { (_: inout Void) throws(FSError) in try commitLocked(open, owed: owed) }
+        try open.uploadLock.withLock { () throws(FSError) in try commitLocked(open, owed: owed) }
         syncAttributeNote(open.inode)
     }
 
@@ -736,7 +736,7 @@ extension Filesystem {
     /// node are serialised and each sends the node's latest attributes, so two concurrent changes
     /// (rsync's generator and receiver) cannot store an older state last.
     func persistAttributes(of original: Node) throws(FSError) {
-        try attributeLock(original.inode).withLock { (_: inout Void) throws(FSError) in
+        try attributeLock(original.inode).withLock { () throws(FSError) in
             guard let node = state.withLock({ $0.inodes[original.inode] }) else { return }
             try persistAttributesLocked(node)
         }

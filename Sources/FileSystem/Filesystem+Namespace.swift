@@ -409,7 +409,7 @@ extension Filesystem {
 
     private func holding<T>(_ spools: ArraySlice<SpoolFile>, _ body: () throws(FSError) -> T) throws(FSError) -> T {
         guard let first = spools.first else { return try body() }
-        return try first.uploadLock.withLock { (_: inout Void) throws(FSError) -> T in
+        return try first.uploadLock.withLock { () throws(FSError) -> T in
             try holding(spools.dropFirst(), body)
         }
     }

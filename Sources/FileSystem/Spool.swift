@@ -272,10 +272,7 @@ final class SerialLock: Sendable {
     /// the holder's access to the value.
     private let mutex = Locked<Int>(0)
 
-    func withLock<T, E: Error>(_ body: (inout Void) throws(E) -> T) throws(E) -> T {
-        try mutex.withLock { (_: inout Int) throws(E) -> T in
-            var unit: Void = ()
-            return try body(&unit)
-        }
+    func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+        try mutex.withLock { (_: inout Int) throws(E) -> T in try body() }
     }
 }
