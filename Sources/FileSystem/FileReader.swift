@@ -162,8 +162,8 @@ final class FileReader: Sendable {
                 throw error
             }
         }
-        let output = BufferRecycler.shared.take(byteCount: Int(end - offset))
-        defer { BufferRecycler.shared.give(output) }
+        let output = budget.recycler.take(byteCount: Int(end - offset))
+        defer { budget.recycler.give(output) }
         // Which part of block `index` this read needs, and where it goes in `output`.
         func slice(_ index: Int64) -> (range: Range<Int>, at: Int) {
             let lower = max(offset, index * blockSize)
