@@ -14,6 +14,8 @@ struct DirectoryCache {
     struct Listing {
         var entries: EntryTable
         var completedAt: Double
+        /// The `StoreClock` tick taken before its first request (the attribute rule, `Node+Merge`).
+        var askedAt: UInt64
     }
 
     private var listings: [InodeNumber: Listing] = [:]
@@ -58,17 +60,17 @@ struct DirectoryCache {
     /// when the directory changed here since.
     @discardableResult
     mutating func remember(
-        _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64
+        _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64
     ) -> Bool {
         guard changeCount(directory) == startedAt else { return false }
-        listings[directory] = Listing(entries: entries, completedAt: now)
+        listings[directory] = Listing(entries: entries, completedAt: now, askedAt: askedAt)
         return true
     }
 
     /// A new, empty directory made here: its listing is known.
-    mutating func rememberEmpty(_ directory: InodeNumber, now: Double) {
+    mutating func rememberEmpty(_ directory: InodeNumber, now: Double, askedAt: UInt64) {
         changes[directory, default: 0] += 1
-        listings[directory] = Listing(entries: EntryTable([]), completedAt: now)
+        listings[directory] = Listing(entries: EntryTable([]), completedAt: now, askedAt: askedAt)
     }
 
     /// A change we made to `name` in `directory` (nil entry: removed).

@@ -28,9 +28,13 @@ final class DirectoryReader: Sendable {
     let isRemembered: Bool
     /// The directory's change count when the listing started (see `DirectoryCache`).
     let startedAt: UInt64
+    /// The `StoreClock` tick taken before the listing's first request (or the remembered
+    /// listing's): what it says of a node counts as asked then (the attribute rule, `Node+Merge`).
+    let askedAt: UInt64
 
-    init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, startedAt: UInt64) {
+    init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, startedAt: UInt64, askedAt: UInt64) {
         self.startedAt = startedAt
+        self.askedAt = askedAt
         self.store = store
         self.pageSize = pageSize
         self.hidden = hidden
@@ -40,8 +44,9 @@ final class DirectoryReader: Sendable {
     }
 
     /// A reader of a listing already known (complete, in order).
-    init(prefix: String, remembered entries: [DirectoryEntry], startedAt: UInt64) {
+    init(prefix: String, remembered entries: [DirectoryEntry], startedAt: UInt64, askedAt: UInt64) {
         self.startedAt = startedAt
+        self.askedAt = askedAt
         self.store = nil
         self.pageSize = 0
         self.hidden = nil

@@ -64,11 +64,11 @@ extension Filesystem {
             var manifest = node.manifest
             do throws(ObjectStoreError) {
                 if now() - node.metadataKnownAt > configuration.attributeCacheSeconds {
+                    let askedAt = storeClock.tick()
                     let info = try store.head(key: node.key)
                     guard info.etag == node.etag else {
-                        state.withLock { s in
-                            _ = s.inodes.update(inode) { apply(info, to: &$0, seenAtVersion: node.attributeVersion) }
-                        }
+                        // Another client's version: the rule voids what is owed on the old one.
+                        state.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
                         return
                     }
                     (contentType, metadata) = storedForm(of: node, over: info)
@@ -100,12 +100,19 @@ extension Filesystem {
         return failed
     }
 
-    /// The owed attributes of `inode` are stored as of `version` (or the object is gone):
-    /// settled unless the node changed since.
+    /// The store acknowledged `inode`'s attributes as of `version` (or the object is gone): owed
+    /// ones are settled unless the node changed since, and every answer asked before is refused
+    /// from now on (the attribute rule), the remembered listing's entry included.
     func settleAttributes(_ inode: InodeNumber, storedAt version: UInt64) {
+        let tick = storeClock.tick()
         state.withLock { s in
-            guard let node = s.inodes[inode], node.attributesOwed, node.attributeVersion == version else { return }
-            s.inodes.settleAttributes(inode)
+            guard let node = s.inodes.update(inode, { $0.acknowledge(at: tick, version: version) }) else { return }
+            if node.attributesOwed && node.attributeVersion == version {
+                s.inodes.settleAttributes(inode)
+                if let settled = s.inodes[inode], settled.kind != .directory, s.openFiles[inode] == nil {
+                    updateListing(describing: settled, in: &s)
+                }
+            }
             s.sweep()
         }
     }

@@ -563,8 +563,10 @@ extension Filesystem {
         }
         // The upload stored the node's attributes as they were when it started.
         settleAttributes(open.inode, storedAt: node.attributeVersion)
+        let stored = storeClock.tick()
         state.withLock { s in
             let updated = s.inodes.update(open.inode) { current in
+                current.acknowledge(at: stored)
                 current.size = snapshot.size
                 current.etag = etag
                 current.manifest = manifest
@@ -604,8 +606,9 @@ extension Filesystem {
         }
         Spool.removeNote(dataPath: open.path)
         _ = open.state.withLock { $0.uploaded(generation: snapshot.generation) }
+        let stored = storeClock.tick()
         state.withLock { s in
-            s.inodes.update(open.inode) { $0.confirmedAt = 0 }
+            s.inodes.update(open.inode) { $0.forgetWhatWasSaid(at: stored) }
             s.directories.drop(node.parent)
         }
     }
@@ -775,8 +778,12 @@ extension Filesystem {
         } catch {
             throw FSError(storeError: error, operation: "set attributes of", path: node.key)
         }
+        let stored = storeClock.tick()
         state.withLock { s in
-            let current = s.inodes.update(node.inode) { $0.confirmedAt = now() }
+            let current = s.inodes.update(node.inode) {
+                $0.acknowledge(at: stored, version: node.attributeVersion)
+                $0.confirmedAt = now()
+            }
             if node.kind != .directory, let current { updateListing(describing: current, in: &s) }
         }
     }

@@ -48,6 +48,7 @@ extension Filesystem {
     func forgetAfterFailure(_ names: [(parent: InodeNumber, name: String)], restoring original: Node? = nil) {
         var keys: [String] = []
         var prefixes: [String] = []
+        let failedAt = storeClock.tick()
         state.withLock { s in
             for (parent, name) in names {
                 s.directories.drop(parent)
@@ -57,8 +58,7 @@ extension Filesystem {
                     let restore = original?.inode == inode && s.openFiles[inode] == nil
                     guard let current = s.inodes.update(inode, { n in
                         if restore, let original { n.stored = original.stored }
-                        n.confirmedAt = 0
-                        n.metadataKnownAt = 0
+                        n.forgetWhatWasSaid(at: failedAt)
                     }) else { continue }
                     keys.append(current.key)
                     if current.kind == .directory {
@@ -77,6 +77,8 @@ extension Filesystem {
     private func insert(_ node: Node, in s: inout State) -> Node {
         var node = node
         node.confirmedAt = now()
+        // Made here (and stored, but for a file being created): older answers describe another object.
+        node.acknowledge(at: storeClock.tick())
         let inserted = s.inodes.insert(node)
         s.sweep()
         return inserted
@@ -194,7 +196,7 @@ extension Filesystem {
                     lastModified: Timestamp.now())
                 node.stored = stored
                 node = insert(node, in: &s)
-                s.directories.rememberEmpty(node.inode, now: now())
+                s.directories.rememberEmpty(node.inode, now: now(), askedAt: storeClock.tick())
                 updateListing(parent, name: name, entry: DirectoryBuilder.directory(name, key: prefix), in: &s)
                 return node
             }
@@ -450,9 +452,11 @@ extension Filesystem {
                 updateListing(parent, name: name, entry: nil, in: &s)
                 if s.inodes.child(parent, name)?.inode == source.inode {
                     s.inodes.update(source.inode) { $0.changedAt = Timestamp.now() }
-                    for inode in s.inodes.move(source.inode, to: newParent, name: newName, key: newKey)
-                    where s.inodes[inode]?.kind == .directory {
-                        s.directories.drop(inode)
+                    // Stored under the new keys: answers asked before describe the old places.
+                    let movedAt = storeClock.tick()
+                    for inode in s.inodes.move(source.inode, to: newParent, name: newName, key: newKey) {
+                        s.inodes.update(inode) { $0.acknowledge(at: movedAt) }
+                        if s.inodes[inode]?.kind == .directory { s.directories.drop(inode) }
                     }
                 } else {
                     s.inodes.unhook(parent: parent, name: name)
@@ -526,13 +530,12 @@ extension Filesystem {
                 try store.copy(from: source.key, to: key, contentType: form?.contentType, metadata: form?.metadata)
                 try Self.deleteMoved(store, source.key)
             } else {
+                let askedAt = storeClock.tick()
                 var info = try store.head(key: source.key)
                 if current.attributesOwed && info.etag != current.etag {
                     // Another client replaced the object since the change: it keeps theirs.
                     form = nil
-                    state.withLock { s in
-                        _ = s.inodes.update(source.inode) { apply(info, to: &$0, seenAtVersion: current.attributeVersion) }
-                    }
+                    state.withLock { s in _ = s.inodes.update(source.inode) { apply(info, askedAt: askedAt, to: &$0) } }
                 } else if current.attributesOwed {
                     let owed = storedForm(of: current, over: info)
                     (info.contentType, info.metadata) = owed

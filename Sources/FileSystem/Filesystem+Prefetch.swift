@@ -29,19 +29,17 @@ extension Filesystem {
     struct PrefetchJob: Sendable {
         var parent: InodeNumber
         var entry: DirectoryEntry
-        /// The node the name led to when the job was queued (nil: none of the entry's kind), and
-        /// its attribute version then (see `InodeTable.answerTarget`): the answer may reach only
-        /// that node, unchanged since. Another node that takes the name later (mkdir, a rename
-        /// over it) also starts at version 0.
+        /// The node the name led to when the job was queued (nil: none of the entry's kind): the
+        /// answer may reach only that node, and only as the attribute rule admits it (the HEAD
+        /// counts as asked when it is sent).
         var inode: InodeNumber?
-        var version: UInt64
     }
 
     enum PrefetchSlot {
         case queued
         case running(DispatchGroup)
         /// The HEAD's answer (nil: no such object, meaning no marker for a directory).
-        case done(ObjectInfo?, etag: String, listed: Timestamp, at: Double)
+        case done(HeadAnswer, etag: String, listed: Timestamp, at: Double)
     }
 
     struct PrefetchState {
@@ -89,10 +87,10 @@ extension Filesystem {
         let now = self.now()
         let wanted = entries.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
-        let targets: [ExactString: (inode: InodeNumber?, version: UInt64)] = state.withLock { s in
-            var targets: [ExactString: (inode: InodeNumber?, version: UInt64)] = [:]
+        let targets: [ExactString: InodeNumber] = state.withLock { s in
+            var targets: [ExactString: InodeNumber] = [:]
             for entry in wanted {
-                targets[entry.name.exact] = s.inodes.answerTarget(parent: parent, name: entry.name, kind: entry.kind)
+                if let node = s.inodes.child(parent, entry.name), node.kind == entry.kind { targets[entry.name.exact] = node.inode }
             }
             return targets
         }
@@ -115,8 +113,7 @@ extension Filesystem {
                 }
                 queued += 1
                 p.slots[entry.key.exact] = .queued
-                let target = targets[entry.name.exact]
-                p.queue.append(PrefetchJob(parent: parent, entry: entry, inode: target?.inode, version: target?.version ?? 0))
+                p.queue.append(PrefetchJob(parent: parent, entry: entry, inode: targets[entry.name.exact]))
             }
             let idle = Self.prefetchConcurrency - p.workers
             let starting = max(0, min(idle, p.queue.count - p.next))
@@ -159,8 +156,9 @@ extension Filesystem {
                 return nil
             }
             guard let (job, group) = claimed else { return }
+            let askedAt = storeClock.tick()
             let answer = headForPrefetch(job.entry)
-            finishPrefetch(job, answer: answer, group: group)
+            finishPrefetch(job, answer: answer, askedAt: askedAt, group: group)
         }
     }
 
@@ -180,7 +178,7 @@ extension Filesystem {
     /// kept only if it describes the listed object (a zero-byte one may be a DLO manifest, whose
     /// HEAD names the parts' ETag).
     @discardableResult
-    func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??, fromWorker: Bool = false) -> Bool {
+    func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??, askedAt: UInt64, fromWorker: Bool = false) -> Bool {
         prefetch.withLock { p in
             if fromWorker, p.stale.remove(entry.key.exact) != nil {
                 p.slots[entry.key.exact] = nil
@@ -188,7 +186,8 @@ extension Filesystem {
             }
             Self.bound(&p)
             if let answer, entry.kind == .directory || entry.size == 0 || answer?.etag == entry.etag {
-                p.slots[entry.key.exact] = .done(answer, etag: entry.etag, listed: entry.lastModified, at: now())
+                p.slots[entry.key.exact] = .done(
+                    HeadAnswer(info: answer, askedAt: askedAt), etag: entry.etag, listed: entry.lastModified, at: now())
             } else {
                 p.slots[entry.key.exact] = nil  // failed, or the object changed since the listing
             }
@@ -197,18 +196,18 @@ extension Filesystem {
     }
 
     /// Records a HEAD's answer, wakes waiters, and hands the answer to a node the kernel knows.
-    private func finishPrefetch(_ job: PrefetchJob, answer: ObjectInfo??, group: DispatchGroup) {
-        let recorded = recordPrefetched(job.entry, answer: answer, fromWorker: true)
+    private func finishPrefetch(_ job: PrefetchJob, answer: ObjectInfo??, askedAt: UInt64, group: DispatchGroup) {
+        let recorded = recordPrefetched(job.entry, answer: answer, askedAt: askedAt, fromWorker: true)
         group.leave()
         guard recorded, let answer else { return }
-        applyPrefetched(job, answer: answer)
+        applyPrefetched(job, answer: HeadAnswer(info: answer, askedAt: askedAt))
     }
 
     /// Hands a recorded answer to the node it was asked for. This runs after `recordPrefetched`,
     /// in a critical section of its own: a rename, mkdir or rmdir may run in between, and its
     /// `forgetPrefetched` finds the answer recorded, not running, so nothing marks it stale.
     /// Hence the check that the name still leads to the same node.
-    func applyPrefetched(_ job: PrefetchJob, answer: ObjectInfo?) {
+    func applyPrefetched(_ job: PrefetchJob, answer: HeadAnswer) {
         let entry = job.entry
         state.withLock { s in
             // The node the listed name leads to now, if it is the node the HEAD was asked for
@@ -219,20 +218,18 @@ extension Filesystem {
             s.inodes.update(node.inode) { node in
                 switch entry.kind {
                 case .directory:
-                    guard node.attributeVersion == job.version else { return }
-                    node.stored = answer.map(StoredAttributes.of) ?? StoredAttributes()
-                    node.confirmedAt = now()
+                    node.merge(entry, listedAt: 0, head: answer, fresh: false, now: now())
                 case .file, .symlink, .fifo, .socket:
-                    guard let info = answer, info.etag == node.etag else { return }
-                    apply(info, to: &node, seenAtVersion: job.version)
+                    guard let info = answer.info, info.etag == node.etag else { return }
+                    apply(info, askedAt: answer.askedAt, to: &node)
                 }
             }
         }
     }
 
     enum PrefetchAnswer {
-        /// What the HEAD said (nil: no such object).
-        case known(ObjectInfo?)
+        /// What the HEAD said (`info` nil: no such object), and when it was asked.
+        case known(HeadAnswer)
         /// The HEAD was queued and is now the caller's to send (and to `recordPrefetched`).
         case yours
         /// No answer, and none coming.

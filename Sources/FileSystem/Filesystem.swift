@@ -109,6 +109,8 @@ public final class Filesystem: Sendable {
     let pulls = PullRegistry()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 1).
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
+    /// Orders answers of the store against this mount's acknowledged changes (the attribute rule).
+    let storeClock = StoreClock()
 
     public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
         self.store = store
@@ -189,7 +191,7 @@ public final class Filesystem: Sendable {
 
     /// HEADs a file's object and stores what it says.
     func refresh(_ node: Node) throws(FSError) -> Node {
-        let version = state.withLock { $0.inodes[node.inode]?.attributeVersion } ?? node.attributeVersion
+        let askedAt = storeClock.tick()
         let info: ObjectInfo
         do {
             info = try store.head(key: node.key)
@@ -197,13 +199,14 @@ public final class Filesystem: Sendable {
             throw FSError(storeError: error, operation: "stat", path: node.key)
         }
         return state.withLock { s in
-            s.inodes.update(node.inode) { apply(info, to: &$0, seenAtVersion: version) } ?? node
+            s.inodes.update(node.inode) { apply(info, askedAt: askedAt, to: &$0) } ?? node
         }
     }
 
-    /// Takes what a HEAD said (see `Node.apply`), at this filesystem's time.
-    func apply(_ info: ObjectInfo, to node: inout Node, seenAtVersion version: UInt64) {
-        node.apply(info, seenAtVersion: version, now: now())
+    /// Takes what a HEAD asked at `askedAt` said, if the rule admits it (see `Node.apply`), at
+    /// this filesystem's time.
+    func apply(_ info: ObjectInfo, askedAt: UInt64, to node: inout Node) {
+        node.apply(info, askedAt: askedAt, now: now())
     }
 
     // MARK: Lookup
@@ -226,33 +229,35 @@ public final class Filesystem: Sendable {
         }
         if let local { return local }
 
-        let listed: DirectoryEntry?? = state.withLock { s in
+        let listed: (entry: DirectoryEntry?, askedAt: UInt64)? = state.withLock { s in
             guard let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds)
-            else { return .none }
-            return .some(listing.entries[name.exact])
+            else { return nil }
+            return (listing.entries[name.exact], listing.askedAt)
         }
         var entry: DirectoryEntry
-        // The HEAD a lookup outside a listing sent: the file's full description (a DLO's real size
-        // and manifest, metadata headers).
-        var headed: ObjectInfo? = nil
+        // When the entry was asked for (the attribute rule).
+        var listedAt: UInt64
+        // A HEAD's answer: the file's full description (a DLO's real size and manifest, metadata
+        // headers), or a directory's marker (none: no marker).
+        var head: HeadAnswer? = nil
         switch listed {
-        case .some(.some(let found)): entry = found
-        case .some(.none): throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
-        case .none:
-            if let listing = try listForLookups(directory) {
+        case (let found?, let askedAt)?: (entry, listedAt) = (found, askedAt)
+        case (nil, _)?: throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
+        case nil:
+            if let (listing, askedAt) = try listForLookups(directory) {
                 guard let found = listing[name.exact] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
-                entry = found
+                (entry, listedAt) = (found, askedAt)
             } else {
-                (entry, headed) = try resolve(name: name, prefix: directory.key)
+                listedAt = storeClock.tick()
+                let (found, headed) = try resolve(name: name, prefix: directory.key)
+                entry = found
+                head = headed.map { HeadAnswer(info: $0, askedAt: listedAt) }
             }
         }
         // Zero-byte files may be DLO manifests; directories keep their attributes on a marker.
-        var info: ObjectInfo? = headed
-        var markerChecked = false
         var fresh = false
-        let version = state.withLock { s in s.inodes.attributeVersion(parent: parent, name: name, kind: entry.kind) }
         let needsHead = (entry.kind == .file && entry.size == 0) || entry.kind == .directory
-        if info != nil {
+        if head != nil {
             // Described by the HEAD already.
         } else if needsHead {
             let known = state.withLock { s in s.inodes.child(parent, name) }
@@ -260,43 +265,46 @@ public final class Filesystem: Sendable {
                 // A zero-byte listing entry may be a DLO whose size and ETag the node has from a HEAD.
                 fresh = true
             } else if case .known(let answer) = prefetchedMetadata(entry, wait: true) {
-                guard answer != nil || entry.kind == .directory else {
+                guard answer.info != nil || entry.kind == .directory else {
                     throw FSError(.notFound, "'\(entry.key)' is gone from the server")
                 }
-                info = answer
-                markerChecked = true
+                head = answer
             } else {
+                let askedAt = storeClock.tick()
+                var info: ObjectInfo? = nil
                 do {
                     info = try store.head(key: entry.key)
                 } catch where error.code == .notFound && entry.kind == .directory {
-                    markerChecked = true
+                    // No marker: the directory's attributes are the defaults.
                 } catch {
                     throw FSError(storeError: error, operation: "lookup", path: entry.key)
                 }
-                if info != nil { markerChecked = true }
-                recordPrefetched(entry, answer: .some(info))
+                head = HeadAnswer(info: info, askedAt: askedAt)
+                recordPrefetched(entry, answer: .some(info), askedAt: askedAt)
             }
         } else if entry.kind == .file, Self.needsMetadata(entry) {
             // Another tool's object: its metadata headers, if the background HEAD has them (or
             // had queued it). Without them the listing's attributes serve.
             switch prefetchedMetadata(entry, wait: true) {
-            case .known(let answer): info = answer
+            case .known(let answer): head = answer
             case .yours:
+                let askedAt = storeClock.tick()
                 do {
-                    info = try store.head(key: entry.key)
-                    recordPrefetched(entry, answer: .some(info))
+                    let info = try store.head(key: entry.key)
+                    head = HeadAnswer(info: info, askedAt: askedAt)
+                    recordPrefetched(entry, answer: .some(info), askedAt: askedAt)
                 } catch where error.code == .notFound {
-                    recordPrefetched(entry, answer: .some(nil))
+                    recordPrefetched(entry, answer: .some(nil), askedAt: askedAt)
                     throw FSError(.notFound, "'\(entry.key)' is gone from the server")
                 } catch {
-                    recordPrefetched(entry, answer: nil)
+                    recordPrefetched(entry, answer: nil, askedAt: askedAt)
                     logger.debug("HEAD of '\(entry.key)' failed, using the listing: \(error)")
                 }
             case .unknown: break
             }
         }
         return state.withLock { s in
-            self.link(entry, parent: parent, info: info, markerChecked: markerChecked, version: version, fresh: fresh, in: &s)
+            self.link(entry, parent: parent, listedAt: listedAt, head: head, fresh: fresh, in: &s)
         }
     }
 
@@ -304,7 +312,7 @@ public final class Filesystem: Sendable {
     /// whole directory (up to `lookupListingLimit` entries) and remembers it, so that a walk over
     /// many names (rsync, `stat` of each file, a build) costs one listing instead of two requests
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
-    func listForLookups(_ directory: Node) throws(FSError) -> EntryTable? {
+    func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64)? {
         let inode = directory.inode
         let now = self.now()
         let start: UInt64? = state.withLock { s in
@@ -326,20 +334,21 @@ public final class Filesystem: Sendable {
             if index > Self.lookupListingLimit { return nil }
         }
         guard let entries = reader.completeEntries() else { return nil }
-        return remember(entries, for: inode, startedAt: start)
+        return (remember(entries, for: inode, startedAt: start, askedAt: reader.askedAt), reader.askedAt)
     }
 
     static let lookupListingWindow: Double = 30
     static let lookupListingLimit = 100_000
 
-    /// Stores a complete listing of directory `inode` that started at change count `startedAt`,
-    /// unless the directory changed here since (DirectoryCache rule 2); returns it as a table.
+    /// Stores a complete listing of directory `inode` that started at change count `startedAt`
+    /// and `StoreClock` tick `askedAt`, unless the directory changed here since (DirectoryCache
+    /// rule 2); returns it as a table.
     @discardableResult
-    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64) -> EntryTable {
+    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64, askedAt: UInt64) -> EntryTable {
         let table = EntryTable(entries)
         state.withLock { s in
             guard s.inodes[inode] != nil,
-                s.directories.remember(table, for: inode, now: now(), startedAt: startedAt)
+                s.directories.remember(table, for: inode, now: now(), startedAt: startedAt, askedAt: askedAt)
             else { return }
             // Names the server no longer lists are gone (another client removed them), unless
             // they hold bytes not stored yet.
@@ -356,14 +365,15 @@ public final class Filesystem: Sendable {
         let startedAt = state.withLock { $0.directories.changeCount(directory.inode) }
         return DirectoryReader(
             store: store, prefix: directory.key, pageSize: configuration.listPageSize,
-            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, startedAt: startedAt)
+            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, startedAt: startedAt,
+            askedAt: storeClock.tick())
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
     /// `fresh`: the node's attributes were confirmed within `attr_timeout`; only count the lookup.
     private func link(
-        _ entry: DirectoryEntry, parent: InodeNumber, info: ObjectInfo?, markerChecked: Bool, version: UInt64,
-        fresh: Bool = false, in s: inout State
+        _ entry: DirectoryEntry, parent: InodeNumber, listedAt: UInt64, head: HeadAnswer?, fresh: Bool = false,
+        in s: inout State
     ) -> Attributes {
         let parentKey = s.inodes[parent]?.key ?? configuration.rootPrefix
         let linked = s.inodes.link(
@@ -376,7 +386,7 @@ public final class Filesystem: Sendable {
             return attributes(of: node)
         }
         let node = s.inodes.update(linked.inode) { node in
-            merge(entry, info: info, markerChecked: markerChecked, version: version, fresh: fresh, into: &node)
+            node.merge(entry, listedAt: listedAt, head: head, fresh: fresh, now: now())
         }
         return attributes(of: node ?? linked)
     }
@@ -390,14 +400,6 @@ public final class Filesystem: Sendable {
         return parentKey + component + (entry.kind == .directory ? "/" : "")
     }
 
-    /// The attribute merge rule (see `Node.merge`), at this filesystem's time.
-    func merge(
-        _ entry: DirectoryEntry, info: ObjectInfo?, markerChecked: Bool, version: UInt64, fresh: Bool,
-        into node: inout Node
-    ) {
-        node.merge(entry, info: info, markerChecked: markerChecked, version: version, fresh: fresh, now: now())
-    }
-
     /// Whether `name` in `directory` is the reserved parts prefix (only at the container root).
     func isHidden(_ name: String, in directory: Node) -> Bool {
         directory.kind == .directory && directory.key.isEmpty && (name + "/").isSameKey(as: Self.partsPrefix)
@@ -408,6 +410,7 @@ public final class Filesystem: Sendable {
         let key = prefix + name
         var file: ObjectInfo? = nil
         var children: [ListEntry] = []
+        let askedAt = storeClock.tick()
         do {
             do {
                 file = try store.head(key: key)
@@ -431,7 +434,7 @@ public final class Filesystem: Sendable {
             if ObjectKey.isDirectoryContentType(info.contentType) { return (directory, nil) }
             let entry = Self.entry(name: name, info: info)
             // The HEAD has the metadata headers a listing lacks: the lookup uses them.
-            recordPrefetched(entry, answer: .some(info))
+            recordPrefetched(entry, answer: .some(info), askedAt: askedAt)
             if noChildren { return (entry, info) }
             let resolution = DirectoryBuilder.resolve(
                 key: key, manifest: info.manifest, container: store.containerName, childrenPreview: children)
@@ -484,22 +487,22 @@ public final class Filesystem: Sendable {
     /// The listing of `directory` as it is now: a remembered one younger than dir_timeout (which
     /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
     private func directoryReader(_ directory: Node) -> DirectoryReader {
-        let remembered: [DirectoryEntry]? = state.withLock { s in
+        let remembered: ([DirectoryEntry], askedAt: UInt64)? = state.withLock { s in
             guard
                 let listing = s.directories.listing(
                     directory.inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return nil }
-            return listing.entries.sorted
+            return (listing.entries.sorted, listing.askedAt)
         }
-        return remembered.map { DirectoryReader(prefix: directory.key, remembered: $0, startedAt: 0) }
+        return remembered.map { DirectoryReader(prefix: directory.key, remembered: $0.0, startedAt: 0, askedAt: $0.askedAt) }
             ?? makeDirectoryReader(directory)
     }
 
     /// One thing readdir shows.
     private enum Item {
         case dot(String, InodeNumber)
-        /// A name from the listing.
-        case listed(DirectoryEntry)
+        /// A name from the listing, asked for at `askedAt` (the attribute rule).
+        case listed(DirectoryEntry, askedAt: UInt64)
         /// A file created here that the server does not list yet (open, or waiting for its upload).
         case local(String, InodeNumber)
     }
@@ -512,7 +515,7 @@ public final class Filesystem: Sendable {
         try walk(inode, handle: handle, offset: offset) { item, next in
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, next)
-            case .listed(let entry):
+            case .listed(let entry, _):
                 let known = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, entry.kind, known, next)
             case .local(let name, let child): return emit(name, .file, child, next)
@@ -530,19 +533,18 @@ public final class Filesystem: Sendable {
     ) throws(FSError) {
         try walk(inode, handle: handle, offset: offset) { item, next in
             // Another tool's object: its metadata headers if a background HEAD already has them.
-            var info: ObjectInfo? = nil
-            if case .listed(let entry) = item, entry.kind == .file, entry.size > 0, Self.needsMetadata(entry),
-                case .known(let answer?) = prefetchedMetadata(entry, wait: false)
+            var head: HeadAnswer? = nil
+            if case .listed(let entry, _) = item, entry.kind == .file, entry.size > 0, Self.needsMetadata(entry),
+                case .known(let answer) = prefetchedMetadata(entry, wait: false), answer.info != nil
             {
-                info = answer
+                head = answer
             }
             let linked: (String, NodeKind, Attributes?)? = state.withLock { s in
                 switch item {
                 case .dot: return nil
-                case .listed(let entry):
+                case .listed(let entry, let listedAt):
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
-                    let version = s.inodes.attributeVersion(parent: inode, name: entry.name, kind: entry.kind)
-                    let attributes = link(entry, parent: inode, info: info, markerChecked: false, version: version, in: &s)
+                    let attributes = link(entry, parent: inode, listedAt: listedAt, head: head, in: &s)
                     return (entry.name, entry.kind, attributes)
                 case .local(let name, let child):
                     guard var node = s.inodes[child], let open = s.openFiles[child] else { return nil }
@@ -558,7 +560,7 @@ public final class Filesystem: Sendable {
             }
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, nil, next)
-            case .listed(let entry):
+            case .listed(let entry, _):
                 let known = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, entry.kind, known, nil, next)
             case .local(let name, let child): return emit(name, .file, child, nil, next)
@@ -591,7 +593,7 @@ public final class Filesystem: Sendable {
             }
             for entry in batch {
                 index += 1
-                if !emit(.listed(entry), Int64(index) + 2) { return }
+                if !emit(.listed(entry, askedAt: reader.askedAt), Int64(index) + 2) { return }
             }
         }
     }
@@ -611,7 +613,8 @@ public final class Filesystem: Sendable {
         _ reader: DirectoryReader, for inode: InodeNumber, from index: Int, emit: (Item, Int64) -> Bool
     ) {
         guard let entries = reader.completeEntries() else { return }
-        let table = reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt)
+        let table =
+            reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt, askedAt: reader.askedAt)
         let pending: [(String, InodeNumber)] = state.withLock { s in
             let table = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])
             return s.inodes.children(of: inode).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
@@ -633,9 +636,10 @@ public final class Filesystem: Sendable {
     {
         guard collision.file.size == 0 else { return .directoryWins }
         do {
+            let askedAt = storeClock.tick()
             let info = try store.head(key: collision.file.key)
             // The lookup that follows uses this HEAD (the file is a zero-byte object, see needsMetadata).
-            recordPrefetched(DirectoryBuilder.file(collision.name, collision.file), answer: .some(info))
+            recordPrefetched(DirectoryBuilder.file(collision.name, collision.file), answer: .some(info), askedAt: askedAt)
             let children = try store.list(prefix: collision.file.key + "/", delimiter: "/", marker: nil, limit: 2)
             return DirectoryBuilder.resolve(
                 key: collision.file.key, manifest: info.manifest, container: store.containerName,

@@ -48,9 +48,19 @@ struct Node {
     /// When the object's full metadata was last known (a HEAD, or our own upload); 0 = never
     /// (a listing shows no metadata).
     var metadataKnownAt: Double = 0
-    /// Bumped by every local attribute change. A HEAD that started before a change must not
-    /// overwrite it with what the server had then (`apply` checks).
+    /// Bumped by every local attribute change (chmod, chown, utimes, a write's mtime): names the
+    /// change that an upload, a POST or a COPY stores (`settleAttributes`, `acknowledge`).
     var attributeVersion: UInt64 = 0
+    /// The attribute rule's state (`Node+Merge`); only `acknowledge`, `admits` and `forgetWhatWasSaid` write it.
+    /// The latest `attributeVersion` the store acknowledged (or that was given up): while it
+    /// is behind, a local change is not stored yet and no answer of the same version may undo it.
+    var acknowledgedVersion: UInt64 = 0
+    /// The `StoreClock` tick as of which the node is described: the latest acknowledgement of a
+    /// change of ours, or the `askedAt` of the latest answer taken. Older answers are refused.
+    var describedAsOf: UInt64 = 0
+    /// This host's clock when the store last acknowledged a change of ours: an answer asked
+    /// earlier shows a newer version only if the server dated it later.
+    var acknowledgedTime = Timestamp.zero
 
     init(
         inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind, key: String, size: Int64 = 0,
@@ -141,22 +151,6 @@ struct InodeTable {
         nodes[node.inode] = node
         children[node.parent, default: [:]][node.name.exact] = node.inode
         return node
-    }
-
-    /// The attribute version of the node `link` would give an answer about `name` of this `kind`
-    /// to: the node the name leads to if it has that kind, else 0 (a new node has no local changes).
-    /// Taken before the HEAD or listing is sent, it tells `Node.apply`/`merge` whether a local
-    /// change came since; another kind's node's version would refuse the answer for good.
-    func attributeVersion(parent: InodeNumber, name: String, kind: NodeKind) -> UInt64 {
-        answerTarget(parent: parent, name: name, kind: kind).version
-    }
-
-    /// That node and its version; nil and 0 when `link` would make a new node. A version counts
-    /// the changes of one node only (every node starts at 0): an answer taken for it may only be
-    /// given to the same node.
-    func answerTarget(parent: InodeNumber, name: String, kind: NodeKind) -> (inode: InodeNumber?, version: UInt64) {
-        guard let inode = children[parent]?[name.exact], let node = nodes[inode], node.kind == kind else { return (nil, 0) }
-        return (inode, node.attributeVersion)
     }
 
     /// The node for `name` in `parent` as a listing or HEAD describes it: the node the name leads

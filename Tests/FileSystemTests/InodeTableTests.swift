@@ -124,11 +124,11 @@ struct DirectoryCacheTests {
         var cache = DirectoryCache()
         let started = cache.changeCount(7)
         cache.record(7, name: "new", entry: entry("new"))
-        let refused = !cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: started)
+        let refused = !cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: started, askedAt: 1)
         #expect(refused)
         #expect(cache.listing(7, now: 10, maximumAge: 5) == nil)
         let current = cache.changeCount(7)
-        let accepted = cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: current)
+        let accepted = cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: current, askedAt: 1)
         #expect(accepted)
         #expect(cache.listing(7, now: 12, maximumAge: 5)?.entries.sorted.map(\.name) == ["old"])
         #expect(cache.listing(7, now: 16, maximumAge: 5) == nil)
@@ -153,7 +153,7 @@ struct DirectoryCacheTests {
 
     @Test func ourChangesUpdateARememberedListingAndDropForgetsIt() {
         var cache = DirectoryCache()
-        cache.remember(EntryTable([entry("a")]), for: 3, now: 0, startedAt: 0)
+        cache.remember(EntryTable([entry("a")]), for: 3, now: 0, startedAt: 0, askedAt: 1)
         cache.record(3, name: "b", entry: entry("b"))
         cache.record(3, name: "a", entry: nil)
         #expect(cache.listing(3, now: 1, maximumAge: 5)?.entries.sorted.map(\.name) == ["b"])

@@ -1,0 +1,160 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// The attribute rule (`Node+Merge`): an answer of the store asked before a node's latest local
+/// change was acknowledged never changes the node, unless it shows a newer object version. Each
+/// test holds an answer from before a change (a remembered listing, a readdir in progress) and
+/// offers it to the node after the change is stored.
+struct AttributeRuleTests {
+    let root = Filesystem.rootInode
+    let clock = ManualClock()
+    let temporary = TemporaryDirectory("cssp-rule")
+
+    func makeFilesystem(_ store: any ObjectStore, attributeWriteDelay: Double = 3600) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = temporary.path + "/spool"
+        configuration.pendingRetrySeconds = 3600
+        // 3600: no timer fires during a test; `storeOwedAttributes()` stands for the delay passing.
+        configuration.attributeWriteDelay = attributeWriteDelay
+        let clock = self.clock
+        configuration.clock = { clock.now }
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    /// An object an earlier mount stored with mode 0644.
+    func seedStored(_ store: FakeObjectStore, _ key: String, _ text: String) {
+        store.seed(key, Array(text.utf8), contentType: "text/plain;cssp-mode=0644;cssp-uid=1000;cssp-gid=100")
+    }
+
+    /// readdirplus of `directory` from `offset`, answering "full" at the first name in `stop`.
+    /// Returns what was sent, by name, and the offset of the name it stopped at.
+    @discardableResult
+    func readdirplus(
+        _ fs: Filesystem, _ directory: InodeNumber, handle: UInt64, from offset: Int64 = 0, stoppingAt stop: String? = nil
+    ) throws -> (sent: [String: Attributes], stoppedAt: Int64?) {
+        var sent: [String: Attributes] = [:]
+        var stoppedAt: Int64? = nil
+        var previous = offset
+        try fs.readdirplus(directory, handle: handle, offset: offset) { name, _, _, attributes, next in
+            if name == stop {
+                stoppedAt = previous
+                return false
+            }
+            previous = next
+            if let attributes { sent[name] = attributes }
+            return true
+        }
+        return (sent, stoppedAt)
+    }
+
+    /// The scenario: `ls -l`, chmod 600 (owed), the change stored, the kernel asks again
+    /// within dir_timeout: the listing from before the change must not bring 0644 back.
+    @Test func aStoredOwedChmodIsNotUndoneByTheListingFromBeforeIt() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "f", "data")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let listed = try fs.opendir(root)
+        let before = try readdirplus(fs, root, handle: listed)
+        fs.releasedir(handle: listed)
+        let file = try #require(before.sent["f"])
+        #expect(file.permissions == 0o644)
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600, "while owed")
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+        clock.advance(2)  // beyond attr_timeout, within dir_timeout: the remembered listing answers
+        #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600, "a lookup after the store")
+        #expect(try fs.getattr(file.inode).permissions == 0o600, "a stat after the store")
+        let again = try fs.opendir(root)
+        #expect(try readdirplus(fs, root, handle: again).sent["f"]?.permissions == 0o600, "ls -l after the store")
+        fs.releasedir(handle: again)
+    }
+
+    /// The same for a chmod stored at once (`attr_write_delay=0`) while a readdir that had
+    /// fetched its page before the chmod goes on: `ls -l` of a directory someone changes.
+    @Test func aReaddirInProgressDoesNotUndoAChmodStoredAtOnce() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "a", "one")
+        seedStored(store, "b", "two")
+        let fs = makeFilesystem(store, attributeWriteDelay: 0)
+        defer { fs.shutdown() }
+        let b = try fs.lookup(parent: root, name: "b")
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        let first = try readdirplus(fs, root, handle: handle, stoppingAt: "b")
+        let offset = try #require(first.stoppedAt)
+        _ = try fs.setattr(b.inode, AttributeChanges(mode: 0o600))
+        #expect(store.object("b")?.metadata["mode"] == "0600")
+        let rest = try readdirplus(fs, root, handle: handle, from: offset)
+        #expect(rest.sent["b"]?.permissions == 0o600)
+        #expect(try fs.getattr(b.inode).permissions == 0o600)
+    }
+
+    /// A file renamed over a name that a readdir in progress already fetched: the listed entry
+    /// describes the replaced object, not the renamed file.
+    @Test func aReaddirInProgressDoesNotDescribeARenamedFileAsTheFileItReplaced() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "d/a", "a")
+        seedStored(store, "d/g", "the old g, ten")
+        seedStored(store, "f", "new")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let d = try fs.lookup(parent: root, name: "d")
+        let f = try fs.lookup(parent: root, name: "f")
+        _ = try fs.lookup(parent: d.inode, name: "g")
+        let handle = try fs.opendir(d.inode)
+        defer { fs.releasedir(handle: handle) }
+        let first = try readdirplus(fs, d.inode, handle: handle, stoppingAt: "g")
+        let offset = try #require(first.stoppedAt)
+        try fs.rename(parent: root, name: "f", newParent: d.inode, newName: "g", noReplace: false)
+        let rest = try readdirplus(fs, d.inode, handle: handle, from: offset)
+        #expect(rest.sent["g"]?.inode == f.inode)
+        #expect(rest.sent["g"]?.size == 3)
+        #expect(try fs.lookup(parent: d.inode, name: "g").size == 3)
+    }
+
+    /// A file rewritten here (PUT of new bytes) while a readdir had fetched the old entry.
+    @Test func aReaddirInProgressDoesNotBringBackTheSizeBeforeAnUpload() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "a", "a")
+        seedStored(store, "f", "short")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: root, name: "f")
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        let first = try readdirplus(fs, root, handle: handle, stoppingAt: "f")
+        let offset = try #require(first.stoppedAt)
+        let opened = try fs.open(f.inode, writable: true, truncate: true)
+        let longer = Array("a good deal longer".utf8)
+        try longer.withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        let rest = try readdirplus(fs, root, handle: handle, from: offset)
+        #expect(rest.sent["f"]?.size == Int64(longer.count))
+        #expect(try fs.getattr(f.inode).size == Int64(longer.count))
+    }
+
+    /// Another client's newer version still wins over what this mount knew (the rule's second half).
+    @Test func anotherClientsNewerVersionIsTakenFromALaterListing() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "f", "mine")
+        let fs = makeFilesystem(store, attributeWriteDelay: 0)
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: root, name: "f")
+        _ = try fs.setattr(f.inode, AttributeChanges(mode: 0o600))
+        store.seed("f", Array("theirs, longer".utf8), contentType: "text/plain;cssp-mode=0640")
+        clock.advance(10)  // beyond dir_timeout: a new listing
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        let listed = try readdirplus(fs, root, handle: handle)
+        #expect(listed.sent["f"]?.permissions == 0o640)
+        #expect(listed.sent["f"]?.size == 14)
+    }
+}
