@@ -108,10 +108,10 @@ extension Filesystem {
         state.withLock { s in
             guard let node = s.inodes.update(inode, { $0.acknowledge(at: tick, version: version) }) else { return }
             if node.attributesOwed && node.attributeVersion == version {
+                // The listing first: settling unpins the node, which goes if the kernel forgot it,
+                // and the next lookup makes a new node from the remembered entry.
+                if node.kind != .directory, s.openFiles[inode] == nil { updateListing(describing: node, in: &s) }
                 s.inodes.settleAttributes(inode)
-                if let settled = s.inodes[inode], settled.kind != .directory, s.openFiles[inode] == nil {
-                    updateListing(describing: settled, in: &s)
-                }
             }
             s.sweep()
         }

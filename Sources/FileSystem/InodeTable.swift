@@ -214,10 +214,13 @@ struct InodeTable {
         nodes[inode] = node
     }
 
-    /// The owed attributes are stored (or the object is gone): the pin `oweAttributes` took goes.
+    /// The owed attributes are stored as they are now (or the object is gone): the pin
+    /// `oweAttributes` took goes, and no change waits for the store's acknowledgement any more
+    /// (the attribute rule). Callers check that the node did not change since what was stored.
     mutating func settleAttributes(_ inode: InodeNumber) {
         guard let node = nodes[inode], node.attributesOwed else { return }
         nodes[inode]?.attributesOwed = false
+        nodes[inode]?.acknowledgedVersion = node.attributeVersion
         unpin(inode)
     }
 

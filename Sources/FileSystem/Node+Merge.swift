@@ -46,11 +46,11 @@ extension Node {
         return (newer, newer)
     }
 
-    /// Takes an admitted answer: the node is described as of it, and a newer version voids what
-    /// is owed (made on the old one).
+    /// Takes an admitted answer: the node is described as of it, and a newer version voids the
+    /// changes of ours made on the old one (owed or under way: another client's version wins).
     private mutating func admit(askedAt: UInt64, newer: Bool) {
         describedAsOf = max(describedAsOf, askedAt)
-        if newer && attributesOwed {
+        if newer {
             attributesOwed = false
             acknowledgedVersion = attributeVersion
         }

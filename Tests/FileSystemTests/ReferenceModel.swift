@@ -243,6 +243,12 @@ final class ReferenceModelRun {
             configuration.partSize = 16
         }
         configuration.metadataPrefetchLimit = Bool.random(using: &random) ? 0 : 100
+        // A third of the runs keep no listing and trust no attribute (dir_timeout=0,
+        // attr_timeout=0); the rest use the defaults, whose remembered answers the rule governs.
+        if seed % 3 == 2 {
+            configuration.directoryCacheSeconds = 0
+            configuration.attributeCacheSeconds = 0
+        }
         kernel = KernelSimulator(try Filesystem(store: faulty, configuration: configuration, logger: Self.quietLogger))
     }
 
@@ -333,7 +339,7 @@ final class ReferenceModelRun {
     }
 
     func randomOperation() throws {
-        let roll = Int.random(in: 0..<104, using: &random)
+        let roll = Int.random(in: 0..<106, using: &random)
         switch roll {
         case 0..<10: try openForWriting()
         case 10..<20: try writeThroughHandle()
@@ -359,6 +365,8 @@ final class ReferenceModelRun {
         case 94..<96: try outOfBandDelete()
         case 96..<98: try closeWhileUploadsFail()
         case 98..<102: try operationUnderFault()
+        case 102..<104: try walkTree()
+        case 104..<106: try storeOwedAttributesSoon()
         default: try checkEverything()
         }
     }
@@ -751,6 +759,27 @@ final class ReferenceModelRun {
     func statPath() throws {
         let path = targetPath([.file, .directory, .symlink, .fifo, .socket])
         try step("stat and read \(path)") { try check(path) }
+    }
+
+    /// `ls -lR`, then `stat` and a read of every object: a walk that leaves listings remembered
+    /// and nodes described between attribute changes (the attribute rule's answers from before).
+    func walkTree() throws {
+        try step("walk the tree (ls -lR, then stat and read everything)") {
+            for directory in tree.directories { try checkListing(directory, plus: true) }
+            for path in tree.objects.keys.sorted(by: byteOrder) { try check(path) }
+        }
+    }
+
+    /// attr_write_delay passes but not dir_timeout: owed attributes are stored while the listings
+    /// from before them are still remembered; the kernel asks again and must see the change.
+    func storeOwedAttributesSoon() throws {
+        try step("attr_write_delay passes (owed attributes are stored), names and attributes expire, check everything") {
+            clock.advance(1.5)
+            let failed = kernel.fs.storeOwedAttributes()
+            if !failed.isEmpty { throw fail("owed attributes not stored: \(failed)") }
+            kernel.expire()
+            for path in tree.objects.keys.sorted(by: byteOrder) { try check(path) }
+        }
     }
 
     func expireCaches() throws {
