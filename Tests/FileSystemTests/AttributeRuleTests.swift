@@ -76,6 +76,25 @@ struct AttributeRuleTests {
         fs.releasedir(handle: again)
     }
 
+    /// The kernel forgot the file while its chmod was owed: once stored, the node goes, and the
+    /// next lookup makes a new one from the remembered listing, whose entry must say 0600
+    /// (the reference model, seed 7086, with an mtime).
+    @Test func aForgottenFileIsDescribedByTheListingEntryItsStoredChangeUpdated() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "f", "data")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let listed = try fs.opendir(root)
+        let file = try #require(try readdirplus(fs, root, handle: listed).sent["f"])
+        fs.releasedir(handle: listed)
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        fs.forget(file.inode, count: 1)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(fs.state.withLock { $0.inodes[file.inode] } == nil, "the node went with its last pin")
+        clock.advance(2)
+        #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600)
+    }
+
     /// The same for a chmod stored at once (`attr_write_delay=0`) while a readdir that had
     /// fetched its page before the chmod goes on: `ls -l` of a directory someone changes.
     @Test func aReaddirInProgressDoesNotUndoAChmodStoredAtOnce() throws {
