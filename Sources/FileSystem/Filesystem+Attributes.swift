@@ -62,6 +62,9 @@ extension Filesystem {
             guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
             var (contentType, metadata) = storedForm(of: node)
             var manifest = node.manifest
+            // A background HEAD's answer from before would describe a new node (the kernel may
+            // forget this one once it is settled) with the old attributes.
+            forgetPrefetched(keys: [node.key])
             do throws(ObjectStoreError) {
                 if now() - node.metadataKnownAt > configuration.attributeCacheSeconds {
                     let askedAt = storeClock.tick()
