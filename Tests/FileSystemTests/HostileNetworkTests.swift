@@ -91,10 +91,18 @@ struct HostileNetworkTests {
         defer { fs.shutdown() }
         let inodes = try (0..<readers).map { try fs.lookup(parent: root, name: "f\($0)").inode }
         let results = Locked<[Int: [UInt8]]>([:])
-        DispatchQueue.concurrentPerform(iterations: readers) { index in
-            let bytes = try? fs.readWhole(inodes[index], chunk: 128 << 10)
-            results.withLock { $0[index] = bytes }
+        // One thread each, so that all of them read at once: `concurrentPerform` runs as many at
+        // once as there are cores (two in CI), and two readers never spend more than the bound.
+        let done = DispatchGroup()
+        for index in 0..<readers {
+            done.enter()
+            Thread {
+                let bytes = try? fs.readWhole(inodes[index], chunk: 128 << 10)
+                results.withLock { $0[index] = bytes }
+                done.leave()
+            }.start()
         }
+        done.wait()
         for index in 0..<readers { #expect(results.withLock { $0[index] } == contents[index], "reader \(index)") }
         fs.shutdown()
         // Buffers kept for reuse still hold their share; everything else was given back.
