@@ -53,31 +53,30 @@ extension Filesystem {
         }
     }
 
-    /// Stores `inode`'s owed attributes now (a POST), if any are owed. Unless the node's metadata
-    /// was just confirmed, a HEAD first checks that the object is still the version they were
-    /// made on (else they are void: see `Node.voidOwedAttributes`).
+    /// Stores `inode`'s owed attributes now (a POST), if any are owed. A HEAD first checks that the
+    /// object is still the version they were made on (else they are void: see
+    /// `Node.voidOwedAttributes`), even when the node's metadata was confirmed within
+    /// `attr_timeout`: Swift ignores `If-Match` on a POST, and a POST replaces all the object's
+    /// metadata, so without it another client's object written since would take this change and
+    /// lose its own content type and metadata. The store runs in the background, the drain or an
+    /// fsync, never in a chmod, so the HEAD costs no chmod a round trip.
     func storeOwedAttributes(_ inode: InodeNumber) throws(FSError) {
         try attributeLock(inode).withLock { () throws(FSError) in
             defer { syncAttributeNoteLocked(inode) }
             guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
-            var (contentType, metadata) = storedForm(of: node)
-            var manifest = node.manifest
             // A background HEAD's answer from before would describe a new node (the kernel may
             // forget this one once it is settled) with the old attributes.
             forgetPrefetched(keys: [node.key])
             do throws(ObjectStoreError) {
-                if now() - node.metadataKnownAt > configuration.attributeCacheSeconds {
-                    let askedAt = storeClock.tick()
-                    let info = try store.head(key: node.key)
-                    guard info.etag == node.etag else {
-                        // Another client's version: the rule voids what is owed on the old one.
-                        state.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
-                        return
-                    }
-                    (contentType, metadata) = storedForm(of: node, over: info)
-                    manifest = info.manifest
+                let askedAt = storeClock.tick()
+                let info = try store.head(key: node.key)
+                guard info.etag == node.etag else {
+                    // Another client's version: the rule voids what is owed on the old one.
+                    state.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
+                    return
                 }
-                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: manifest)
+                let (contentType, metadata) = storedForm(of: node, over: info)
+                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
             } catch where error.code == .notFound {
                 // Deleted by another client: nothing to store them on.
             } catch {

@@ -161,6 +161,24 @@ struct AttributeRuleTests {
         try expectTheChangeHolds(.mode600(), after: .command("ls -l"), options: ["attr_timeout=0", "entry_timeout=0"])
     }
 
+    /// Beside issue 19 (the mount reference model found it): a change owed when another client
+    /// replaces the object belongs to the version it was made on, so the other client's object,
+    /// written later, keeps its own attributes and content type. The unmount's drain stores the
+    /// change within a second of the close that confirmed the object, when no HEAD checks that
+    /// it is still that version.
+    @Test func anOwedChangeIsNotStoredOnAnotherClientsNewerObject() throws {
+        let scene = try Scene("attr-race")
+        defer { scene.cleanUp() }
+        let mount = try scene.mount()
+        try Self.run("printf 'hello\\n' > f && chmod 600 f", in: mount)
+        try scene.store.raw.put(key: "f", body: .bytes(Array("other client\n".utf8)), contentType: "text/plain", metadata: [:])
+        #expect(try mount.unmount() == 0)
+        let info = try scene.store.raw.head(key: "f")
+        #expect(
+            info.metadata["mode"] == nil && info.contentType == "text/plain",
+            "the other client's object took the owed chmod: \(Self.describe(info)), content type \(info.contentType)")
+    }
+
     // MARK: The scenario
 
     /// Seeds a fresh container, mounts it with `options`, does `before` and the change, and

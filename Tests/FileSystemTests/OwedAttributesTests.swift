@@ -64,7 +64,7 @@ struct OwedAttributesTests {
         #expect(shown.permissions == 0o640 && shown.modified == mtime)
     }
 
-    @Test func anOwedChangeWithNoRenameIsStoredInOnePostWithoutAHead() throws {
+    @Test func anOwedChangeWithNoRenameIsStoredInOneHeadAndOnePost() throws {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
@@ -76,7 +76,7 @@ struct OwedAttributesTests {
         #expect(try fs.getattr(file.inode).permissions == 0o600)
         #expect(fs.storeOwedAttributes().isEmpty)
         #expect(store.counts.post == 1)
-        #expect(store.counts.head == 0)
+        #expect(store.counts.head == 1, "the object may have been replaced since it was confirmed")
         let stored = try #require(store.object("r"))
         #expect(stored.metadata["mode"] == "0600" && stored.metadata["mtime"] == "1500000000.000000007")
         #expect(stored.bytes == Array("data".utf8))
