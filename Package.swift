@@ -4,7 +4,8 @@
 // Dependencies point downward only:
 //   MountCSSP -> FuseAdapter -> FileSystem -> ObjectStore, BlockCache
 //   MountCSSP -> ObjectStoreHTTP -> ObjectStore
-// FuseAdapter is the only module that sees libfuse; ObjectStoreHTTP the only one that sees libcurl.
+// FuseAdapter is the only module that sees libfuse; ObjectStoreHTTP the only one that sees libcurl;
+// MountCSSP the only one that sees libmount (/run/mount/utab, for umount(8)).
 import PackageDescription
 
 let package = Package(
@@ -22,6 +23,7 @@ let package = Package(
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CMount", pkgConfig: "mount", providers: [.apt(["libmount-dev"])]),
 
         // `Locked`: the one lock type (a pthread mutex ThreadSanitizer understands).
         .target(name: "Locking"),
@@ -63,7 +65,8 @@ let package = Package(
         .executableTarget(
             name: "MountCSSP",
             dependencies: [
-                "FuseAdapter", "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3", "Metrics",
+                "FuseAdapter", "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreHTTP", "MountCSSPConfig", "CFuse3", "CMount",
+                "Metrics",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

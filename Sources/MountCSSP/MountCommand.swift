@@ -26,9 +26,9 @@ enum MountCommand {
         static let owed: Int32 = 75
     }
 
-    /// The helper umount(8) runs for a mount made with `-o helper=cssp` (mount(8) records the
-    /// option in /run/mount/utab): a link to mount.cssp.
-    static let unmountHelperName = "umount.cssp"
+    /// The names umount(8) runs mount.cssp by (links to it): `umount.cssp` for the `helper=cssp`
+    /// of the mount's utab line, `umount.fuse.cssp` for its type (see `Utab`).
+    static let unmountHelperNames: Set<String> = ["umount.cssp", "umount.fuse.cssp"]
 
     static func run(arguments: [String], programName: String = "mount.cssp") -> Int32 {
         // Only the main thread may receive termination signals (libfuse's handler wakes it);
@@ -50,7 +50,7 @@ enum MountCommand {
 
         let command: Command
         do throws(ConfigurationError) {
-            if programName.split(separator: "/").last.map(String.init) == unmountHelperName {
+            if let name = programName.split(separator: "/").last.map(String.init), unmountHelperNames.contains(name) {
                 // umount(8): `umount.cssp MOUNTPOINT [-flags] [-t fuse.cssp] [-N namespace]`.
                 var mountpoints: [String] = []
                 var flags = ""
@@ -66,7 +66,7 @@ enum MountCommand {
                         mountpoints.append(argument)
                     }
                 }
-                guard mountpoints.count == 1 else { throw ConfigurationError("usage: \(unmountHelperName) MOUNTPOINT") }
+                guard mountpoints.count == 1 else { throw ConfigurationError("usage: \(name) MOUNTPOINT") }
                 return unmountHelper(mountpoints[0], lazy: flags.contains("l"))
             }
             command = try Arguments.parse(arguments, calledByMount: parentIsMount())
@@ -134,10 +134,12 @@ enum MountCommand {
         let logger = Logger(label: "mount.cssp")
 
         var st = stat()
-        if stat(options.mountpoint, &st) != 0 && errno == ENOTCONN {
+        var fsStats = statvfs()
+        if statvfs(options.mountpoint, &fsStats) != 0 && errno == ENOTCONN {
             // A daemon that died (kill -9, the OOM killer) leaves its mount behind, dead. A dead
             // csspfs mount is detached and mounted again, as an operator would; its owed uploads
-            // are in the spool, and this mount stores them.
+            // are in the spool, and this mount stores them. (statvfs, not stat: the kernel answers
+            // a stat of the dead mount's root from its cache for attr_timeout after the death.)
             guard isCSSPMount(options.mountpoint, resolvingLast: false) else {
                 return fail(
                     "\(options.mountpoint) is a dead mount of another filesystem: unmount it first (fusermount3 -uz \(options.mountpoint))",
@@ -298,12 +300,21 @@ enum MountCommand {
         if options.readOnly { kernelOptions.append("ro") }
         kernelOptions += options.kernelFlags
 
+        // As /proc/self/mountinfo will show it; resolved now, since the mountpoint cannot be
+        // looked at once mounted until the session serves.
+        let target = MountTable.canonical(options.mountpoint, resolvingLast: true) ?? options.mountpoint
+        Utab.forgetStale(target: target, logger: logger)
         let session: FuseSession
         do {
             session = try FuseSession(adapter: adapter, mountpoint: options.mountpoint, options: kernelOptions, debug: false)
             try session.mount()
         } catch {
             return fail(error.description, ExitStatus.mountFailure)
+        }
+        // Before the parent returns (daemonize): mount(8) then finds the line and adds none.
+        if let utabOptions = options.utabOptions {
+            Utab.record(
+                source: options.fsname ?? options.endpoint.url, target: target, options: utabOptions, logger: logger)
         }
         session.installKernelCache(on: filesystem)
         logger.info("mounted \(options.endpoint.url) on \(options.mountpoint) as \(credentials)")
@@ -330,6 +341,7 @@ enum MountCommand {
             Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }
         }
         let rc = session.run()
+        Utab.forgetStale(target: target, logger: logger)
         logger.info(
             "unmounted \(options.mountpoint); fetched data held at most \(budget.peak >> 20) MiB at once (memory_mb=\(budget.limit >> 20))")
         let owed = filesystem.drain(timeout: Double(options.drainTimeout)) { logger.warning("unmounting: \($0)") }
@@ -381,6 +393,8 @@ enum MountCommand {
             usleep(10_000)
             waited += 1
         }
+        // The daemon removes the mount's utab line once unmounted; a killed one cannot.
+        Utab.forgetStale(target: target.path, logger: Logger(label: "mount.cssp") { _ in SinkLogHandler() })
         if !owed.isEmpty {
             return fail(
                 "unmounted \(target.path), but \(owed.count) upload(s) are still owed: "

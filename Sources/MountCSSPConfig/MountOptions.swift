@@ -58,6 +58,17 @@ public struct MountOptions: Sendable, Equatable {
     /// Generic kernel mount flags passed through to libfuse (nosuid, nodev, noatime, …).
     public var kernelFlags: [String] = []
     public var fsname: String? = nil
+    /// Options mount(8) records in /run/mount/utab and passes on (`_netdev`, `x-*` when run by
+    /// hand), as given: the mount's own utab line keeps them.
+    public var utabRecordedOptions: [String] = []
+    /// `-n`, mount(8)'s "do not write /etc/mtab": no utab line either, as in libmount.
+    public var noUtab = false
+
+    /// The options of the mount's line in /run/mount/utab, or nil for no line. `helper=cssp`
+    /// makes umount(8) run /sbin/umount.cssp (MountCommand's `Utab` has the details).
+    public var utabOptions: String? {
+        noUtab ? nil : (utabRecordedOptions + ["helper=cssp"]).joined(separator: ",")
+    }
 
     public init(endpoint: Endpoint, mountpoint: String) {
         self.endpoint = endpoint
@@ -105,6 +116,7 @@ public enum Arguments {
         var fake = false
         var debug = false
         var verbose = false
+        var noUtab = false
         var index = 0
         while index < arguments.count {
             let argument = arguments[index]
@@ -121,7 +133,8 @@ public enum Arguments {
                 return .ask(question, mountpoint: rest[rest.startIndex])
             case "-f": if calledByMount { fake = true } else { foreground = true }
             case "-d": debug = true; foreground = true
-            case "-s", "-n": break  // mount(8): sloppy, no mtab; nothing to do.
+            case "-s": break  // mount(8): sloppy; nothing to do.
+            case "-n": noUtab = true  // mount(8): no mtab.
             case "-v": verbose = true
             case "-o", "-t", "-N":
                 guard index < arguments.count else { throw ConfigurationError("\(argument) needs a value") }
@@ -148,6 +161,7 @@ public enum Arguments {
         options.fake = fake
         options.debug = debug
         options.verbose = verbose
+        options.noUtab = noUtab
         for list in optionLists {
             for option in splitOptions(list) where !option.isEmpty {
                 try apply(option, to: &options)
@@ -235,7 +249,11 @@ public enum Arguments {
             options.kernelFlags.append(name)
             return
         }
-        // helper=cssp: mount(8) records it, and umount(8) then runs /sbin/umount.cssp (drains).
+        // A value with a comma would need quoting in utab's option string: not recorded.
+        if (name == "_netdev" || name.hasPrefix("x-")) && !option.contains(",") {
+            options.utabRecordedOptions.append(option)
+        }
+        // helper=cssp: every mount's utab line has it anyway (see `utabOptions`).
         if mountOnlyOptions.contains(name) || name.hasPrefix("x-") || name == "comment" || name == "helper" { return }
         switch name {
         case "ro": options.readOnly = true
@@ -306,13 +324,15 @@ public enum Arguments {
           -f                     stay in the foreground (log to stderr); when mount(8) runs
                                  mount.cssp, its "fake": check everything, mount nothing
           -d                     log every FUSE operation; implies -f
-          -s, -n                 accepted for mount(8), ignored
+          -s                     accepted for mount(8), ignored
+          -n                     mount(8)'s "no mtab": no line in /run/mount/utab, so umount
+                                 does not wait for uploads
           -v                     log mounts and unmounts (info level)
           -h, --help             this text;  -V, --version  the version
           --stats MOUNTPOINT     the running mount's statistics (Prometheus text format)
           --status MOUNTPOINT    uploads in progress and owed, for people
           --unmount MOUNTPOINT   store what is owed (up to drain_timeout), then unmount; also
-                                 what umount(8) runs as /sbin/umount.cssp (-o helper=cssp)
+                                 what umount(8) runs (as /sbin/umount.cssp)
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
@@ -359,8 +379,8 @@ public enum Arguments {
           capath=DIR             directory of hashed CA certificates (openssl rehash)
           insecure               no certificate verification (warned at every mount)
           fsname=NAME            name in the mount table (default: the URL)
-          helper=cssp            for mount(8): umount then runs /sbin/umount.cssp, which waits
-                                 until what is owed is stored (see --unmount)
+          helper=cssp            accepted, no longer needed: every mount made as root records it
+                                 in /run/mount/utab, so umount runs /sbin/umount.cssp
           log_level=LEVEL        error, warn, notice (default; info with -v), info or debug;
                                  SIGUSR1 turns debug on and off at run time
           nosuid,nodev,noexec,noatime,...  passed to the kernel
@@ -372,7 +392,7 @@ public enum Arguments {
 
         exit status: 0 mounted (with -f: unmounted cleanly), 1 bad arguments or configuration,
         32 the store or the mount failed, 75 unmounted with uploads still owed (journaled).
-        With -o helper=cssp (mount(8) records it), umount(8) runs /sbin/umount.cssp (a link to
-        mount.cssp): it stores what is owed, then unmounts.
+        umount(8) runs /sbin/umount.cssp (a link to mount.cssp; the mount records helper=cssp in
+        /run/mount/utab): it stores what is owed, then unmounts. fusermount3 -u returns at once.
         """
 }

@@ -57,11 +57,19 @@ struct DrainTests {
         }
     }
 
-    /// `umount MOUNTPOINT` of a mount made through mount(8) with `-o helper=cssp` runs
-    /// /sbin/umount.cssp (linked to the binary under test here, as the package installs it):
-    /// it returns once the owed file is stored.
-    @Test func umountOfAHelperMountReturnsOnceTheOwedFileIsStored() throws {
+    /// Plain `umount MOUNTPOINT` of a mount made by plain `mount -t cssp` (issue 19, item 4)
+    /// runs the umount helper, /sbin/umount.cssp here (linked to the binary under test, as the
+    /// package installs it): it returns once the owed file is stored.
+    @Test func plainUmountReturnsOnceTheOwedFileIsStored() throws {
         let environment = try Environment.load()
+        try MountHelperTests().withHelper(environment) { try Self.plainUmountStoresWhatIsOwed(environment) }
+    }
+
+    /// Through whatever `/sbin/mount.cssp` is in place (linked to the binary under test, or the
+    /// installed package): plain `mount -t cssp URL DIR` (no helper option), an upload owed
+    /// during an outage, then plain `umount DIR`. When umount returns, the file is stored and
+    /// /run/mount/utab holds no line of the mount.
+    static func plainUmountStoresWhatIsOwed(_ environment: Environment) throws {
         let faultFile = try environment.faultFile()
         let (container, store, cache) = try environment.newContainer("drain")
         let directory = NSTemporaryDirectory() + "cssp-e2e-umount-" + container
@@ -69,27 +77,27 @@ struct DrainTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         defer { try? FileManager.default.removeItem(atPath: cache) }
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
-        try MountHelperTests().withHelper(environment) {
-            let mounted = try shell(
-                "env -i CSSP_TEST_PENDING_RETRY_SECONDS=3600 /bin/mount -t cssp \(environment.serverURL)/\(container) "
-                    + "\(quoted(directory)) -o passwd_file=\(quoted(environment.passwdFile)),cache_dir=\(quoted(cache)),retries=1,helper=cssp")
-            #expect(mounted.status == 0, "\(mounted.stderr)")
-            defer { if isMounted(directory) { _ = try? shell("umount -i \(quoted(directory))") } }
-            try "PUT status=503 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
-            let source = cache + "-source.txt"
-            try "owed\n".writeReplacing(file: source)
-            defer { try? FileManager.default.removeItem(atPath: source) }
-            #expect(try shell("cp \(quoted(source)) \(quoted(directory + "/owed.txt"))").status != 0)
-            let status = try Self.waitUntilOwed(environment, directory)
-            #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
-            // The server is back, but slow: each PUT of the file is answered after 1 s. A umount
-            // that did not wait would return before the file is stored.
-            try "PUT stall=1 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
-            let result = try shell("umount \(quoted(directory))")
-            #expect(result.status == 0, "\(result.stderr)")
-            #expect(!isMounted(directory))
-        }
-        #expect(try store.getBytes(key: "owed.txt", range: nil) == Array("owed\n".utf8))
+        let mounted = try shell(
+            "env -i CSSP_TEST_PENDING_RETRY_SECONDS=3600 /bin/mount -t cssp \(environment.serverURL)/\(container) "
+                + "\(quoted(directory)) -o passwd_file=\(quoted(environment.passwdFile)),cache_dir=\(quoted(cache)),retries=1")
+        #expect(mounted.status == 0, "\(mounted.stderr)")
+        defer { if isMounted(directory) { _ = try? shell("umount -i \(quoted(directory))") } }
+        try "PUT status=503 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
+        let source = cache + "-source.txt"
+        try "owed\n".writeReplacing(file: source)
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        #expect(try shell("cp \(quoted(source)) \(quoted(directory + "/owed.txt"))").status != 0)
+        let status = try Self.waitUntilOwed(environment, directory)
+        #expect(status.contains("owed.txt: 5 B, 2 tries failed, next in"), "\(status)")
+        // The server is back, but slow: each PUT of the file is answered after 1 s. A umount
+        // that did not wait would return before the file is stored.
+        try "PUT stall=1 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
+        let result = try shell("umount \(quoted(directory))")
+        let stored = try? store.getBytes(key: "owed.txt", range: nil)
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(stored == Array("owed\n".utf8), "umount returned before the owed file was stored")
+        #expect(!isMounted(directory))
+        #expect(utabLines(directory).isEmpty, "\(utabLines(directory))")
     }
 
     /// `--status` once the kernel's release (the last close, which tries once more in the

@@ -122,6 +122,14 @@ func isMounted(_ directory: String) -> Bool {
     return mounts.split(separator: "\n").contains { $0.split(separator: " ").dropFirst().first == Substring(escaped) }
 }
 
+/// The lines of /run/mount/utab (util-linux's record of what the kernel's mount table does not
+/// hold, such as the umount helper) whose mountpoint is `directory`.
+func utabLines(_ directory: String) -> [String] {
+    let utab = (try? String(contentsOfFile: "/run/mount/utab", encoding: .utf8)) ?? ""
+    let target = " TARGET=" + directory.replacingOccurrences(of: " ", with: "\\040") + " "
+    return utab.split(separator: "\n").map(String.init).filter { $0.contains(target) }
+}
+
 /// A foreground mount.cssp serving one mountpoint, as libfuse's test harness does it: start,
 /// poll until the mount appears (failing at once if the daemon exits), unmount, expect exit 0.
 final class Mount {
@@ -155,9 +163,10 @@ final class Mount {
             stderr: errorFD)
         // Poll for the mount; the daemon exiting first is a failure, reported with its stderr.
         let deadline = Date().addingTimeInterval(20)
-        // Mounted and answering (a dead mount left by a killed daemon is listed but answers ENOTCONN).
-        var st = stat()
-        while !isMounted(directory) || stat(directory, &st) != 0 {
+        // Mounted and answering (a dead mount left by a killed daemon is listed but answers
+        // ENOTCONN; statvfs, since the kernel answers a stat of its root from its cache for a while).
+        var st = statvfs()
+        while !isMounted(directory) || statvfs(directory, &st) != 0 {
             if let status = child.poll() {
                 exitStatus = status
                 throw HarnessError("mount.cssp exited with \(status): \(stderrText)")

@@ -8,6 +8,8 @@ import Glibc
 /// Issue 11, item 4: the .deb that `packaging/build-deb` makes (scripts/test builds it and sets
 /// CSSP_DEB) installs, mounts through `mount -t cssp` and an fstab line, answers --stats,
 /// unmounts through its umount helper, and `dpkg --purge` leaves none of its files behind.
+/// Issue 19, item 4: a plain `umount` of a plain `mount -t cssp` waits until what is owed is
+/// stored, and no line of a mount is left in /run/mount/utab.
 @Suite(.serialized)
 struct PackageTests {
     @Test func theDebInstallsMountsAndPurgesWithoutATrace() throws {
@@ -26,7 +28,7 @@ struct PackageTests {
         #expect(install.status == 0, "\(install.stderr)")
         defer { _ = try? shell("dpkg --purge csspfs") }
         let files = try shell("dpkg -L csspfs").stdout.split(separator: "\n").map(String.init)
-        for path in ["/sbin/mount.cssp", "/sbin/umount.cssp", "/usr/share/man/man8/mount.cssp.8.gz",
+        for path in ["/sbin/mount.cssp", "/sbin/umount.cssp", "/sbin/umount.fuse.cssp", "/usr/share/man/man8/mount.cssp.8.gz",
             "/usr/share/doc/csspfs/copyright", "/usr/share/doc/csspfs/examples/mnt-cssp.mount",
             "/usr/share/doc/csspfs/examples/mnt-cssp.automount", "/usr/share/doc/csspfs/examples/fstab"]
         {
@@ -43,25 +45,33 @@ struct PackageTests {
         let cache = directory + ".cache"
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let url = env.serverURL + "/" + fixture.container
-        let options = "passwd_file=\(env.passwdFile),cache_dir=\(cache),helper=cssp"
+        let options = "passwd_file=\(env.passwdFile),cache_dir=\(cache)"
         // mount -t, with an empty environment as systemd gives helpers.
         let viaType = try shell("env -i /bin/mount -t cssp \(url) \(quoted(directory)) -o \(quoted(options))")
         #expect(viaType.status == 0, "\(viaType.stderr)")
+        #expect(utabLines(directory).count == 1, "\(utabLines(directory))")
         #expect(try shell("cat \(quoted(directory + "/tree/top.txt"))").stdout == "top\n")
         let stats = try shell("/sbin/mount.cssp --stats \(quoted(directory))")
         #expect(stats.status == 0 && stats.stdout.contains("cssp_requests_total{method=\"GET\",status=\"200\"}"), "\(stats.stderr)")
         #expect(try shell("umount \(quoted(directory))").status == 0)
         #expect(!isMounted(directory))
+        #expect(utabLines(directory).isEmpty, "\(utabLines(directory))")
 
+        try DrainTests.plainUmountStoresWhatIsOwed(env)
+
+        // helper=cssp, which mounts before issue 19 needed, is still accepted.
         let fstab = directory + ".fstab"
         defer { try? FileManager.default.removeItem(atPath: fstab) }
-        try "\(url) \(directory) cssp _netdev,nofail,x-systemd.automount,\(options) 0 0\n"
+        try "\(url) \(directory) cssp _netdev,nofail,x-systemd.automount,helper=cssp,\(options) 0 0\n"
             .writeReplacing(file: fstab)
         let viaFstab = try shell("env -i /bin/mount -T \(quoted(fstab)) \(quoted(directory))")
         #expect(viaFstab.status == 0, "\(viaFstab.stderr)")
+        // One line, mount.cssp's: mount(8) finds it and adds none of its own.
+        #expect(utabLines(directory).count == 1, "\(utabLines(directory))")
         #expect(try shell("ls \(quoted(directory + "/tree"))").stdout.contains("top.txt"))
         #expect(try shell("umount \(quoted(directory))").status == 0)
         #expect(!isMounted(directory))
+        #expect(utabLines(directory).isEmpty, "\(utabLines(directory))")
 
         let purge = try shell("dpkg --purge csspfs")
         #expect(purge.status == 0, "\(purge.stderr)")

@@ -392,12 +392,12 @@ struct HTTPObjectStoreHandle {
     init(_ raw: HTTPObjectStore) { self.raw = raw }
 }
 
-/// mount(8) and fstab: the installed helpers `/sbin/mount.cssp` and `/sbin/umount.cssp`
-/// (umount(8) runs the latter for mounts made with `-o helper=cssp`: it stores what is owed,
-/// then unmounts).
+/// mount(8) and fstab: the installed helpers `/sbin/mount.cssp`, and `/sbin/umount.cssp` and
+/// `/sbin/umount.fuse.cssp` (umount(8) runs one of them for a csspfs mount: it stores what is
+/// owed, then unmounts).
 @Suite(.serialized)
 struct MountHelperTests {
-    static let helpers = ["/sbin/mount.cssp", "/sbin/umount.cssp"]
+    static let helpers = ["/sbin/mount.cssp", "/sbin/umount.cssp", "/sbin/umount.fuse.cssp"]
 
     /// Links the built binary as mount(8)'s and umount(8)'s helpers for the duration of `body`.
     func withHelper(_ environment: Environment, _ body: () throws -> Void) throws {

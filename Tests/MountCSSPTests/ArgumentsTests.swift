@@ -72,6 +72,18 @@ struct ArgumentsTests {
         #expect(byHand.foreground && !byHand.fake)
     }
 
+    /// The mount's line in /run/mount/utab: the options mount(8) would have recorded there
+    /// (`_netdev`, `x-*`), then `helper=cssp`, which makes umount(8) run the umount helper;
+    /// no line with `-n` (mount(8)'s "no mtab"). helper=cssp given is not recorded twice.
+    @Test func utabOptions() throws {
+        let given = try options([
+            "http://h/c", "/m", "-o", #"_netdev,nofail,x-systemd.automount,helper=cssp,x-a\,b=1,noatime,user"#,
+        ])
+        #expect(given.utabOptions == "_netdev,x-systemd.automount,helper=cssp")
+        #expect(try options(["http://h/c", "/m"]).utabOptions == "helper=cssp")
+        #expect(try options(["http://h/c", "/m", "-n", "-o", "_netdev"]).utabOptions == nil)
+    }
+
     @Test func helpAndVersion() throws {
         #expect(try Arguments.parse(["--help"]) == .help)
         #expect(try Arguments.parse(["http://h/c", "-V"]) == .version)
