@@ -17,3 +17,11 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN {print b - a}'; }
 header() { printf '%-58s %10s   %s\n' "workload (median of $RUNS)" "value" "runs"; }
 row() { printf '%-58s %10.3f   %s\n' "$1" "$(printf '%s\n' "${@:2}" | median)" "${*:2}"; }
+
+# bench_mountpoint CONTAINER: sets URL (the container, made if missing) and MNT (a new empty
+# directory, unmounted and removed when the script exits).
+bench_mountpoint() {
+    URL=$("$REPO/scripts/cssp-server" create-container "$1")
+    MNT=$(mktemp -d /tmp/cssp-bench-XXXX)
+    trap 'fusermount3 -u "$MNT" 2>/dev/null || true; rmdir "$MNT"' EXIT
+}

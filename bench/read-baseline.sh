@@ -10,9 +10,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=bench/common.sh
 . "$REPO/bench/common.sh"
-URL=$("$REPO/scripts/cssp-server" create-container bench)
-MNT=$(mktemp -d /tmp/cssp-bench-XXXX)
-trap 'fusermount3 -u "$MNT" 2>/dev/null || true; rmdir "$MNT"' EXIT
+bench_mountpoint bench
 
 if ! "$TOOL" "$URL" stat big-1g 2>/dev/null | grep -q "size 1073741824"; then
     echo "seeding a 1 GiB object..." >&2

@@ -82,6 +82,12 @@ final class FileReader: Sendable {
 
     /// Protects the block table and the access pattern.
     private let state = Locked(State())
+    /// Whether a read has been answered: from then on the handle has shown this version, and
+    /// another version's bytes would mix with it (`Filesystem.read`).
+    private let answered = Atomic<Bool>(false)
+
+    /// Whether any read of this reader has been answered (even at EOF).
+    var hasAnswered: Bool { answered.load(ordering: .acquiring) }
 
     init(
         store: any ObjectStore, pool: BackgroundPool, key: String, size: Int64, etag: String, manifest: String?,
@@ -113,6 +119,13 @@ final class FileReader: Sendable {
 
     /// Reads up to `length` bytes at `offset` and hands them to `reply` (empty at or past EOF).
     func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
+        try readVersion(offset: offset, length: length) { bytes in
+            answered.store(true, ordering: .releasing)
+            reply(bytes)
+        }
+    }
+
+    private func readVersion(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
         guard offset < size, length > 0 else {
             reply(UnsafeRawBufferPointer(start: nil, count: 0))
             return
@@ -488,9 +501,13 @@ final class FileReader: Sendable {
         } catch {
             throw FSError(storeError: error, operation: "read", path: key)
         }
-        // A DLO's ETag is computed per response and may be absent on ranges: only plain objects
-        // are checked. A different ETag means the object was replaced while open.
-        if (!isManifest && !info.etag.isEmpty && info.etag != etag) || (isManifest && info.manifest != manifest) {
+        // A DLO's ETag is computed per response and may be absent on ranges: a DLO is checked by
+        // the parts its manifest names, a plain object by its ETag. A different one, or the other
+        // kind of object, means the object was replaced since it was opened.
+        let replaced =
+            isManifest
+            ? info.manifest != manifest : info.manifest != nil || (!info.etag.isEmpty && info.etag != etag)
+        if replaced {
             throw FSError(.stale, "read '\(key)': the object changed on the server while it was open")
         }
         guard buffer.count == Int(range.length) else {

@@ -62,7 +62,11 @@ extension Filesystem {
         }
         // Close-to-open: a file opened after its writer closed it shows the new content.
         if !truncate && now() - node.confirmedAt > configuration.attributeCacheSeconds {
+            let known = node
             node = try refresh(node)
+            // Another client's version: the kernel's size of the file (its attributes may be
+            // younger than the node's confirmation) would cut the new version's reads short.
+            if node.etag != known.etag || node.size != known.size { kernelCache.invalidate(inode, pages: false) }
         }
         guard writable || truncate else {
             let handle = register(.remote(makeReader(node), inode, localVersion: node.localVersion))
@@ -194,7 +198,7 @@ extension Filesystem {
     /// Where a read of an open handle is served from, decided under one lock.
     private enum ReadSource {
         case spool(SpoolFile)
-        case reader(FileReader)
+        case reader(FileReader, InodeNumber)
         /// The handle's reader is for another version or key: one for the node as it is now.
         case newReader(Node)
         case removed(String)
@@ -214,22 +218,79 @@ extension Filesystem {
                 if let spool = s.openFiles[inode] { return .spool(spool) }
                 guard let node = s.inodes[inode],
                     node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key))
-                else { return .reader(reader) }
+                else { return .reader(reader, inode) }
                 return node.linked ? .newReader(node) : .removed(node.key)
             }
         }
         switch source {
         case nil: throw FSError(.invalidArgument, "unknown file handle \(number)")
         case .spool(let open)?: try open.read(offset: offset, length: length, reply: reply)
-        case .reader(let reader)?: try reader.read(offset: offset, length: length, reply: reply)
+        case .reader(let reader, let inode)?:
+            try read(reader, handle: number, inode: inode, offset: offset, length: length, reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
         case .newReader(let node)?:
             let reader = makeReader(node)
             state.withLock { s in
                 s.handles.replace(number, with: .remote(reader, node.inode, localVersion: node.localVersion))
             }
-            try reader.read(offset: offset, length: length, reply: reply)
+            try read(reader, handle: number, inode: node.inode, offset: offset, length: length, reply: reply)
         }
+    }
+
+    /// A read through `reader`, the reader of handle `number`. Close-to-open (issue 23): a
+    /// handle that has answered no read yet and finds that another client replaced the object
+    /// since this mount last looked takes the new version and reads it; only a handle that has
+    /// already shown the old version fails with ESTALE.
+    private func read(
+        _ reader: FileReader, handle number: UInt64, inode: InodeNumber, offset: Int64, length: Int,
+        reply: (UnsafeRawBufferPointer) -> Void
+    ) throws(FSError) {
+        do {
+            try reader.read(offset: offset, length: length, reply: reply)
+        } catch where error.code == .stale && !reader.hasAnswered {
+            let newer = try adoptNewVersion(handle: number, inode: inode, replacing: reader, because: error)
+            // The kernel's pages of the old version go once this read is answered (see below).
+            defer { _ = pool.submit { [self] in kernelCache.invalidate(inode) } }
+            try newer.read(offset: offset, length: length, reply: reply)
+        }
+    }
+
+    /// The version of the object that another client stored since `reader`'s was confirmed,
+    /// made the node's and handle `number`'s: a HEAD describes it (the rule admits it as a newer
+    /// version), and the block cache drops the old version's blocks when the first new one is
+    /// stored. `failure` is what the reader met; it is thrown if the object is gone or no newer
+    /// version can be taken (a writer opened the file meanwhile, or a local change is unstored).
+    private func adoptNewVersion(
+        handle number: UInt64, inode: InodeNumber, replacing reader: FileReader, because failure: FSError
+    ) throws(FSError) -> FileReader {
+        let askedAt = storeClock.tick()
+        let info: ObjectInfo
+        do throws(ObjectStoreError) {
+            info = try store.head(key: reader.key)
+        } catch {
+            throw error.code == .notFound ? failure : FSError(storeError: error, operation: "read", path: reader.key)
+        }
+        let adopted: Node? = state.withLock { s in
+            guard s.openFiles[inode] == nil,
+                let node = s.inodes.update(inode, { apply(info, askedAt: askedAt, to: &$0) }),
+                node.linked, node.key.isSameKey(as: reader.key), node.etag == info.etag, node.etag != reader.etag
+                    || node.manifest != reader.manifest
+            else { return nil }
+            return s.inodes.update(inode) { $0.cachedEtag = node.etag }
+        }
+        guard let adopted else { throw failure }
+        let newer = makeReader(adopted)
+        state.withLock { s in
+            s.handles.replace(number, with: .remote(newer, inode, localVersion: adopted.localVersion))
+        }
+        // The kernel's pages go once the read is answered, and not on its thread: the kernel
+        // holds the pages the read is for locked until then, and dropping them waits for that.
+        // Its attributes go now if the file grew, so that a read past the old size asks for the
+        // new one; if it shrank, they stay until the short answer has set the new size (a changed
+        // attribute version would make the kernel fill the rest of the old size with zeros).
+        if adopted.size > reader.size { kernelCache.invalidate(inode, pages: false) }
+        logger.debug("'\(reader.key)' was replaced by another client: a new handle reads the new version")
+        return newer
     }
 
     public func write(handle number: UInt64, offset: Int64, bytes: UnsafeRawBufferPointer) throws(FSError) {

@@ -15,7 +15,8 @@ import Glibc
 /// checks that before and after storing, and drops the kernel's pages if a writer came in between.
 public final class KernelCache: Sendable {
     public typealias Store = @Sendable (InodeNumber, Int64, UnsafeRawBufferPointer) -> Void
-    public typealias Invalidate = @Sendable (InodeNumber) -> Void
+    /// Drops the kernel's attributes of the inode and, if the flag is set, its pages.
+    public typealias Invalidate = @Sendable (InodeNumber, Bool) -> Void
 
     /// Protects the installed functions (never held while one runs: a store can wait for pages
     /// the kernel has locked for a read not answered yet).
@@ -58,7 +59,10 @@ public final class KernelCache: Sendable {
         call { $0.store(inode, offset, bytes) }
     }
 
-    func invalidate(_ inode: InodeNumber) {
-        call { $0.invalidate(inode) }
+    /// Drops the kernel's pages and attributes of `inode`; with `pages` false only its
+    /// attributes, which never waits for a read under way (dropping pages waits for the pages
+    /// a read has locked until it is answered, so that is never done on a read's own thread).
+    func invalidate(_ inode: InodeNumber, pages: Bool = true) {
+        call { $0.invalidate(inode, pages) }
     }
 }

@@ -94,8 +94,9 @@ public final class FuseSession {
                 guard let base = bytes.baseAddress else { return }
                 _ = cssp_notify_store(session.raw, fuse_ino_t(inode), off_t(offset), base, bytes.count)
             },
-            invalidate: { inode in
-                _ = fuse_lowlevel_notify_inval_inode(session.raw, fuse_ino_t(inode), 0, 0)
+            invalidate: { inode, pages in
+                // A negative offset: only the attributes.
+                _ = fuse_lowlevel_notify_inval_inode(session.raw, fuse_ino_t(inode), pages ? 0 : -1, 0)
             })
     }
 

@@ -487,15 +487,50 @@ final class MountModelRun {
         guard parentErrno(relative) == nil, tree[relative]?.kind ?? .file == .file,
             !descriptors.contains(where: { $0.object === tree[relative] })
         else { return }
-        let data = bytes(Int.random(in: 0...50, using: &random))
+        // Now and then a file of several blocks and pages, whose reads go to the server.
+        let data = bytes(Int.random(in: 0...(chance(0.3) ? 300_000 : 50), using: &random))
         trace.append("another client PUTs \(data.count) bytes at \(relative), once nothing is owed")
         try waitUntilNothingOwed()
+        let old = tree[relative]?.bytes
         try store.put(key: relative, body: .bytes(data), contentType: "application/octet-stream", metadata: [:])
         let object = Object(.file, mode: 0o644)
         object.bytes = data
         tree[relative] = object
-        try remount()
+        if let old, chance(0.5) {
+            try readOldOrNew(relative, old: old, new: data)
+        } else {
+            try remount()
+        }
         try statAndRead(relative)
+    }
+
+    /// Issue 23, without a remount: every fresh open and whole read of `relative`, which another
+    /// client just replaced, gives the `old` bytes or the `new`, never an error, until the new
+    /// show (within the cache times); then its attributes show the new version too.
+    func readOldOrNew(_ relative: String, old: [UInt8], new: [UInt8]) throws {
+        trace.append("fresh reads of \(relative) until the other client's version shows")
+        let deadline = Date().addingTimeInterval(15)
+        while true {
+            guard let fd = try call(nil, "open \(relative) to read", { open(path(relative), O_RDONLY) }) else { return }
+            let content: [UInt8]
+            do {
+                defer { close(fd) }
+                content = try readAll(fd, what: relative)
+            }
+            if content == new { break }
+            if content != old {
+                throw fail("\(relative): a fresh read gave \(content.count) bytes, neither the old \(old.count) nor the new \(new.count)")
+            }
+            if Date() > deadline { throw fail("\(relative): the other client's version did not show within 15 s") }
+            usleep(20_000)  // a reader's pace, not a synchronisation
+        }
+        // The kernel may hold the old attributes for its attr_timeout (1 s) more.
+        let deadline2 = Date().addingTimeInterval(5)
+        var st = stat()
+        while lstat(path(relative), &st) != 0 || st.st_size != new.count || st.st_mode & 0o7777 != 0o644 {
+            if Date() > deadline2 { break }  // statAndRead reports what is still wrong
+            usleep(20_000)
+        }
     }
 
     func anotherClientDeletes() throws {

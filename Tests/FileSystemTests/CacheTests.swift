@@ -203,7 +203,7 @@ struct FilesystemCacheTests {
             store: { inode, offset, bytes in
                 stored.withLock { $0.append((inode, offset, [UInt8](bytes))) }
                 done.signal()
-            }, invalidate: { _ in })
+            }, invalidate: { _, _ in })
         let inode = try fs.lookup(parent: Filesystem.rootInode, name: "f").inode
         _ = try read(fs, "f", offset: Int64(5 * Self.block + 10), length: 100, letThePullFinish: true)
         #expect(done.wait(timeout: .now() + 10) == .success)

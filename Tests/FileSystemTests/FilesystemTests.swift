@@ -312,15 +312,18 @@ struct FilesystemTests {
         #expect(store.counts.getBytes == 1 << 20)
     }
 
-    @Test func changedObjectIsStaleForOpenHandles() throws {
+    /// A handle that has returned bytes of one version never returns another's: once the object
+    /// is replaced, a read it cannot serve from what it fetched is ESTALE (issue 23).
+    @Test func changedObjectIsStaleForHandlesThatReadTheOldVersion() throws {
         let store = FakeObjectStore()
-        store.seed("f", Array(repeating: 1, count: 200_000))
+        store.seed("f", Array(repeating: 1, count: 3 << 20))
         let fs = makeFilesystem(store)
         let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
         let opened = try fs.open(f.inode, writable: false, truncate: false)
-        store.seed("f", Array(repeating: 2, count: 200_000))
+        #expect(try fs.readBytes(opened.handle, offset: 0, length: 10) == Array(repeating: 1, count: 10))
+        store.seed("f", Array(repeating: 2, count: 3 << 20))
         do throws(FSError) {
-            try fs.read(handle: opened.handle, offset: 0, length: 10) { _ in }
+            try fs.read(handle: opened.handle, offset: 5 << 19, length: 10) { _ in }
             Issue.record("read of a replaced object succeeded")
         } catch {
             #expect(error.code == .stale)

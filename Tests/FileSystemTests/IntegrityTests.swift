@@ -545,12 +545,34 @@ struct IntegrityTests {
         let store = FakeObjectStore()
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
+        let f = try createFile(fs, root, "f", String(repeating: "x", count: 3 << 20))
+        let opened = try fs.open(f.inode, writable: false, truncate: false)
+        defer { fs.release(handle: opened.handle) }
+        #expect(try fs.readBytes(opened.handle, offset: 0, length: 10) == Array(repeating: UInt8(ascii: "x"), count: 10))
+        store.seed("f", [1, 2])
+        let error = #expect(throws: FSError.self) { try fs.read(handle: opened.handle, offset: 5 << 19, length: 10) { _ in } }
+        #expect(error?.code == .stale)
+    }
+
+    /// Issue 23: a handle that has answered no read yet reads the version another client stored
+    /// after the open (shorter, longer, a DLO), whole, never ESTALE; the node shows it too.
+    @Test(arguments: [[UInt8](repeating: 7, count: 3), [UInt8](repeating: 9, count: 5000)])
+    func aHandleThatReadNothingYetReadsAnotherClientsNewVersion(replacement: [UInt8]) throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
         let f = try createFile(fs, root, "f", String(repeating: "x", count: 100))
         let opened = try fs.open(f.inode, writable: false, truncate: false)
         defer { fs.release(handle: opened.handle) }
-        store.seed("f", [1, 2])
-        let error = #expect(throws: FSError.self) { try fs.read(handle: opened.handle, offset: 50, length: 10) { _ in } }
-        #expect(error?.code == .stale)
+        store.seed("f", replacement)
+        var read: [UInt8] = []
+        while true {
+            let bytes = try fs.readBytes(opened.handle, offset: Int64(read.count), length: 4096)
+            if bytes.isEmpty { break }
+            read += bytes
+        }
+        #expect(read == replacement)
+        #expect(try fs.getattr(f.inode).size == Int64(replacement.count))
     }
 
     /// mkdir whose PUT reached the server but whose answer was lost returns EIO; the directory

@@ -31,6 +31,13 @@ extension Filesystem {
         }
     }
 
+    /// One read of an open handle: the bytes it answered (empty at EOF).
+    func readBytes(_ handle: UInt64, offset: Int64, length: Int) throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        try read(handle: handle, offset: offset, length: length) { bytes.append(contentsOf: $0) }
+        return bytes
+    }
+
     /// Creates `name` in `parent`, writes `bytes` and closes it (stored at close), as `cp` would.
     @discardableResult
     func storeFile(
