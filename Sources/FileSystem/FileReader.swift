@@ -86,6 +86,10 @@ final class FileReader: Sendable {
     /// another version's bytes would mix with it (`Filesystem.read`).
     private let answered = Atomic<Bool>(false)
 
+    /// Whether its handle was opened with the kernel's pages of the file kept: the kernel may
+    /// have served some reads from them without asking (`Filesystem.read`).
+    let keptPages: Bool
+
     /// Whether any read of this reader has been answered (even at EOF).
     var hasAnswered: Bool { answered.load(ordering: .acquiring) }
 
@@ -94,8 +98,9 @@ final class FileReader: Sendable {
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
         budget: MemoryBudget = MemoryBudget(limit: .max), pulling: PullRegistry = PullRegistry(),
         metrics: MountMetrics? = nil,
-        kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
+        kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil, keptPages: Bool = false
     ) {
+        self.keptPages = keptPages
         self.budget = budget
         self.pulling = pulling
         self.cacheHits = cache == nil || etag.isEmpty ? nil : metrics?.cacheHits

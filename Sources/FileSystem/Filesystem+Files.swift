@@ -69,12 +69,12 @@ extension Filesystem {
             if node.etag != known.etag || node.size != known.size { kernelCache.invalidate(inode, pages: false) }
         }
         guard writable || truncate else {
-            let handle = register(.remote(makeReader(node), inode, localVersion: node.localVersion))
             let keep = state.withLock { s in
                 let keep = s.inodes[inode]?.cachedEtag == node.etag
                 s.inodes.update(inode) { $0.cachedEtag = node.etag }
                 return keep
             }
+            let handle = register(.remote(makeReader(node, keptPages: keep), inode, localVersion: node.localVersion))
             return OpenResult(handle: handle, keepCache: keep)
         }
         let open = try makeSpool(for: node, download: !truncate)
@@ -115,8 +115,9 @@ extension Filesystem {
         }
     }
 
-    /// A reader of the object `node` describes (its key, size and ETag).
-    private func makeReader(_ node: Node) -> FileReader {
+    /// A reader of the object `node` describes (its key, size and ETag). `keptPages`: its handle
+    /// was opened with the kernel's pages of the file kept (see `read(_:handle:...)`).
+    private func makeReader(_ node: Node, keptPages: Bool = false) -> FileReader {
         var kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
         if kernelCache.isInstalled {
             let inode = node.inode
@@ -130,7 +131,7 @@ extension Filesystem {
             fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
             maximumWindow: configuration.readAheadWindow, budget: configuration.memoryBudget, pulling: pulls,
             metrics: configuration.metrics,
-            kernel: kernel)
+            kernel: kernel, keptPages: keptPages)
     }
 
     /// Counts one more handle on the spool of `inode`, if it has one.
@@ -238,9 +239,11 @@ extension Filesystem {
     }
 
     /// A read through `reader`, the reader of handle `number`. Close-to-open (issue 23): a
-    /// handle that has answered no read yet and finds that another client replaced the object
-    /// since this mount last looked takes the new version and reads it; only a handle that has
-    /// already shown the old version fails with ESTALE.
+    /// handle that has shown nothing of the object yet and finds that another client replaced
+    /// it since this mount last looked takes the new version and reads it. A handle that may
+    /// have shown the old version fails with ESTALE instead: one that has answered a read, or
+    /// one opened with the kernel's pages kept, which the kernel may have served some of without
+    /// asking (a file partly in its page cache). The next open then starts afresh.
     private func read(
         _ reader: FileReader, handle number: UInt64, inode: InodeNumber, offset: Int64, length: Int,
         reply: (UnsafeRawBufferPointer) -> Void
@@ -248,21 +251,35 @@ extension Filesystem {
         do {
             try reader.read(offset: offset, length: length, reply: reply)
         } catch where error.code == .stale && !reader.hasAnswered {
-            let newer = try adoptNewVersion(handle: number, inode: inode, replacing: reader, because: error)
-            // The kernel's pages of the old version go once this read is answered (see below).
+            let adopted = try adoptNewVersion(inode: inode, replacing: reader, because: error)
+            // The kernel's pages of the old version go once this read is answered, and not on its
+            // thread: the kernel holds the pages the read is for locked until then, and dropping
+            // them waits for that.
             defer { _ = pool.submit { [self] in kernelCache.invalidate(inode) } }
+            // The handle keeps the old version (the next open drops the kernel's pages: its ETag
+            // is no longer the cached one).
+            guard !reader.keptPages else { throw error }
+            let newer = makeReader(adopted)
+            state.withLock { s in
+                s.handles.replace(number, with: .remote(newer, inode, localVersion: adopted.localVersion))
+            }
+            // Its attributes go now if the file grew, so that a read past the old size asks for
+            // the new one; if it shrank, they stay until the short answer has set the new size (a
+            // changed attribute version would make the kernel fill the old size with zeros).
+            if adopted.size > reader.size { kernelCache.invalidate(inode, pages: false) }
             try newer.read(offset: offset, length: length, reply: reply)
         }
     }
 
-    /// The version of the object that another client stored since `reader`'s was confirmed,
-    /// made the node's and handle `number`'s: a HEAD describes it (the rule admits it as a newer
-    /// version), and the block cache drops the old version's blocks when the first new one is
-    /// stored. `failure` is what the reader met; it is thrown if the object is gone or no newer
-    /// version can be taken (a writer opened the file meanwhile, or a local change is unstored).
+    /// The node as of the version of the object that another client stored since `reader`'s
+    /// was confirmed: a HEAD describes it (the rule admits it as a newer version), and the next
+    /// open does not keep the kernel's pages. (The block cache drops the old version's blocks
+    /// when the first new one is stored.) `failure` is what the reader met; it is thrown if the
+    /// object is gone or no newer version can be taken (a writer opened the file meanwhile, or
+    /// a local change is unstored).
     private func adoptNewVersion(
-        handle number: UInt64, inode: InodeNumber, replacing reader: FileReader, because failure: FSError
-    ) throws(FSError) -> FileReader {
+        inode: InodeNumber, replacing reader: FileReader, because failure: FSError
+    ) throws(FSError) -> Node {
         let askedAt = storeClock.tick()
         let info: ObjectInfo
         do throws(ObjectStoreError) {
@@ -276,21 +293,11 @@ extension Filesystem {
                 node.linked, node.key.isSameKey(as: reader.key), node.etag == info.etag, node.etag != reader.etag
                     || node.manifest != reader.manifest
             else { return nil }
-            return s.inodes.update(inode) { $0.cachedEtag = node.etag }
+            return s.inodes.update(inode) { $0.cachedEtag = nil }
         }
         guard let adopted else { throw failure }
-        let newer = makeReader(adopted)
-        state.withLock { s in
-            s.handles.replace(number, with: .remote(newer, inode, localVersion: adopted.localVersion))
-        }
-        // The kernel's pages go once the read is answered, and not on its thread: the kernel
-        // holds the pages the read is for locked until then, and dropping them waits for that.
-        // Its attributes go now if the file grew, so that a read past the old size asks for the
-        // new one; if it shrank, they stay until the short answer has set the new size (a changed
-        // attribute version would make the kernel fill the rest of the old size with zeros).
-        if adopted.size > reader.size { kernelCache.invalidate(inode, pages: false) }
-        logger.debug("'\(reader.key)' was replaced by another client: a new handle reads the new version")
-        return newer
+        logger.debug("'\(reader.key)' was replaced by another client since it was opened")
+        return adopted
     }
 
     public func write(handle number: UInt64, offset: Int64, bytes: UnsafeRawBufferPointer) throws(FSError) {
