@@ -304,6 +304,7 @@ enum MountCommand {
         // looked at once mounted until the session serves.
         let target = MountTable.canonical(options.mountpoint, resolvingLast: true) ?? options.mountpoint
         Utab.forgetStale(target: target, logger: logger)
+        Utab.forgetStaleLines(logger: logger)
         let session: FuseSession
         do {
             session = try FuseSession(adapter: adapter, mountpoint: options.mountpoint, options: kernelOptions, debug: false)

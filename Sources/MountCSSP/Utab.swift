@@ -26,7 +26,8 @@ import Glibc
 /// 4. umount(8) removes the line after its helper. Any other end of the mount (fusermount3 -u,
 ///    SIGTERM, anyone's umount(2)) leaves that to the daemon, once the kernel let go of the mount.
 ///    The line of a daemon killed with SIGKILL stays, as its dead mount does, until the next
-///    mount on the mountpoint (or a umount of the dead mount).
+///    mount on the mountpoint (or a umount of the dead mount); once the dead mount is detached
+///    by other means, the next csspfs mount anywhere removes it (`forgetStaleLines`).
 /// 5. A line is stale once nothing is mounted on its mountpoint: then every line for it goes,
 ///    whoever wrote it. While anything is mounted there (a dead mount too), none is touched.
 enum Utab {
@@ -67,6 +68,37 @@ enum Utab {
                 return
             }
         }
+    }
+
+    /// Removes the lines of csspfs mounts (`helper=cssp`) whose mountpoint has nothing mounted
+    /// any more, wherever they are: a daemon killed with SIGKILL whose dead mount was then
+    /// detached by hand (`fusermount3 -u`) leaves its line with nobody to remove it. Each mount
+    /// sweeps them.
+    static func forgetStaleLines(logger: Logger) {
+        guard let text = try? String(contentsOfFile: "/run/mount/utab", encoding: .utf8) else { return }
+        var targets: Set<String> = []
+        for line in text.split(separator: "\n") where line.contains("helper=cssp") {
+            guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("TARGET=") }) else { continue }
+            targets.insert(unescapedFromTable(String(field.dropFirst("TARGET=".count))))
+        }
+        for target in targets.sorted() { forgetStale(target: target, logger: logger) }
+    }
+
+    /// Undoes `escapedForTable`: `\ooo` octal escapes.
+    static func unescapedFromTable(_ text: String) -> String {
+        var bytes: [UInt8] = []
+        var rest = Substring(text).utf8[...]
+        while let byte = rest.first {
+            let digits = rest.dropFirst().prefix(3)
+            if byte == UInt8(ascii: "\\"), digits.count == 3, let value = UInt8(String(decoding: digits, as: UTF8.self), radix: 8) {
+                bytes.append(value)
+                rest = rest.dropFirst(4)
+            } else {
+                bytes.append(byte)
+                rest = rest.dropFirst()
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// Whether /proc/self/mountinfo lists a mount on `target`, compared as written (a dead mount

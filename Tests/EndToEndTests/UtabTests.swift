@@ -61,4 +61,20 @@ struct UtabTests {
         #expect(try next.unmount() == 0)
         #expect(utabLines(next.directory).isEmpty, "\(utabLines(next.directory))")
     }
+
+    /// A killed daemon's dead mount detached by hand (fusermount3 -u, as CacheTests does) leaves
+    /// its line with nobody to remove it; the next csspfs mount anywhere removes it.
+    @Test func aLineLeftByAKilledDaemonWhoseMountWasDetachedGoesWithTheNextMountAnywhere() throws {
+        let scene = try Scene()
+        defer { try? FileManager.default.removeItem(atPath: scene.cache) }
+        let killed = scene.mount
+        #expect(kill(killed.child.pid, SIGKILL) == 0)
+        _ = killed.waitForExit()
+        #expect(try shell("fusermount3 -u \(quoted(killed.directory))").status == 0)
+        #expect(utabLines(killed.directory).count == 1, "the line of the killed daemon")
+        let elsewhere = try Mount(scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache])
+        #expect(utabLines(killed.directory).isEmpty, "\(utabLines(killed.directory))")
+        #expect(utabLines(elsewhere.directory).count == 1)
+        #expect(try elsewhere.unmount() == 0)
+    }
 }
