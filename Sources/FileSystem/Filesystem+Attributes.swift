@@ -64,6 +64,12 @@ extension Filesystem {
         try attributeLock(inode).withLock { () throws(FSError) in
             defer { syncAttributeNoteLocked(inode) }
             guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
+            guard node.linked else {
+                // No name leads here any more (deleted, or replaced by a node made here): the key
+                // is another object's now, even one with the same ETag (two empty files).
+                settleAttributes(inode, storedAt: node.attributeVersion)
+                return
+            }
             // A background HEAD's answer from before would describe a new node (the kernel may
             // forget this one once it is settled) with the old attributes.
             forgetPrefetched(keys: [node.key])

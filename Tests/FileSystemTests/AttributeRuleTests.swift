@@ -178,4 +178,24 @@ struct AttributeRuleTests {
         #expect(listed.sent["f"]?.permissions == 0o640)
         #expect(listed.sent["f"]?.size == 14)
     }
+
+    /// A change owed on a file whose name now leads to a new file made here is not stored on the
+    /// new one, even when both are empty (the same ETag): chmod of `f`, another client deletes it,
+    /// this mount makes a socket `f` (the reference model, seed 9938).
+    @Test func anOwedChangeOfAReplacedNodeIsNotStoredOnItsSuccessor() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "f", "")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let old = try fs.lookup(parent: root, name: "f")
+        _ = try fs.setattr(old.inode, AttributeChanges(mode: 0o640))
+        try store.delete(key: "f")
+        clock.advance(10)  // beyond dir_timeout: the next lookup asks the store
+        #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
+        let socket = try fs.mknod(parent: root, name: "f", mode: 0o600, kind: .socket, caller: Caller(uid: 1000, gid: 100))
+        #expect(socket.inode != old.inode)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+        #expect(try fs.getattr(socket.inode).permissions == 0o600)
+    }
 }
