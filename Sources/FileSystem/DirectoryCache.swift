@@ -1,3 +1,4 @@
+import Dispatch
 import ObjectStore
 
 /// Remembered directory listings and the lookup heuristics around them. A value type with no I/O
@@ -6,10 +7,16 @@ import ObjectStore
 /// The rules it owns:
 /// 1. A complete listing is remembered for `dir_timeout` and answers lookups and readdir.
 /// 2. Our own changes are applied to a remembered listing in place (`record`), and every change
-///    in a directory bumps its change count. A listing that started before a change is never
-///    remembered (`remember` refuses it): an older listing must not undo what we just did.
-/// 3. A directory that is renamed, removed or forgotten loses its listing (`drop`), since the
-///    keys in it name the old place.
+///    in a directory bumps its change count. They are also journaled for `journalSeconds`: a
+///    listing that completes later is remembered with them applied again. A change made after
+///    the listing started replaces what it says of the name (it may predate the change); one
+///    made before only adds a name the listing lacks (a container listing lags behind the
+///    writes it follows), since what the listing shows of it may be another client's newer
+///    version. Only a listing that started before a change no longer journaled is refused, and
+///    one older than the listing remembered already. Creates from several processes in one
+///    directory then keep one listing current instead of listing the directory for each name.
+/// 3. A directory that is renamed, removed or forgotten loses its listing and journal (`drop`),
+///    since the keys in it name the old place.
 struct DirectoryCache {
     struct Listing {
         var entries: EntryTable
@@ -18,16 +25,42 @@ struct DirectoryCache {
         var askedAt: UInt64
     }
 
+    /// One change made here (rule 2): the change count it made, when, and the name's entry
+    /// after it (nil: removed).
+    private struct Change {
+        var count: UInt64
+        var at: Double
+        var name: ExactString
+        var entry: DirectoryEntry?
+    }
+
+    /// How long a change made here is applied again to later listings (rule 2).
+    let journalSeconds: Double
+    /// At most this many changes are journaled per directory; older ones are forgotten sooner.
+    static let journalLimit = 10_000
+
     private var listings: [InodeNumber: Listing] = [:]
     /// Changes made here per directory (see rule 2); absent = 0.
     private var changes: [InodeNumber: UInt64] = [:]
+    /// Recent changes per directory, oldest first (rule 2).
+    private var journals: [InodeNumber: [Change]] = [:]
+    /// Per directory, the count of the newest change no longer journaled (absent = 0).
+    private var forgottenUpTo: [InodeNumber: UInt64] = [:]
+    /// Changes recorded since every journal was last pruned (directories nobody changes or lists
+    /// again would keep theirs otherwise).
+    private var recordedSincePrune = 0
     /// When a lookup last had to ask the server about one name in a directory.
     var lastResolved: [InodeNumber: Double] = [:]
-    /// Directories being listed for lookups right now (one listing at a time each).
-    var listingForLookup: Set<InodeNumber> = []
+    /// Directories being listed for lookups right now (one listing at a time each): the group
+    /// is left when the listing ends, and lookups in the directory wait for it.
+    var listingForLookup: [InodeNumber: DispatchGroup] = [:]
     /// Inode numbers readdir showed for names that had no node yet (d_ino), per directory: the
     /// node a later lookup makes takes the same number.
     private var reserved: [InodeNumber: [ExactString: InodeNumber]] = [:]
+
+    init(journalSeconds: Double = 5) {
+        self.journalSeconds = journalSeconds
+    }
 
     /// The number readdir shows for `name` in `directory` without a node: reserved once, with
     /// `allocate`, then the same until the directory is dropped.
@@ -53,38 +86,80 @@ struct DirectoryCache {
     /// Any remembered listing of `directory`, however old.
     func anyListing(_ directory: InodeNumber) -> Listing? { listings[directory] }
 
+    /// Changes journaled now, in every directory.
+    var journaledChanges: Int { journals.values.reduce(0) { $0 + $1.count } }
+
     /// The change count to pass to `remember` for a listing that starts now.
     func changeCount(_ directory: InodeNumber) -> UInt64 { changes[directory] ?? 0 }
 
-    /// Remembers a complete listing that started at change count `startedAt`; refused (false)
-    /// when the directory changed here since.
-    @discardableResult
+    /// `entries` of a complete listing that started at change count `startedAt`, with the
+    /// changes journaled here applied (rule 2). Remembered unless a change made after it
+    /// started is no longer journaled, or the listing remembered already is newer; returns the
+    /// entries and whether they were remembered.
     mutating func remember(
         _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64
-    ) -> Bool {
-        guard changeCount(directory) == startedAt else { return false }
-        listings[directory] = Listing(entries: entries, completedAt: now, askedAt: askedAt)
-        return true
+    ) -> (entries: EntryTable, remembered: Bool) {
+        prune(directory, now: now)
+        var table = entries
+        let journal = journals[directory] ?? []
+        // Names as changes made before the listing started left them: the listing shows each,
+        // in that version or a newer one another client wrote, unless it lags behind.
+        var before: [ExactString: DirectoryEntry?] = [:]
+        for change in journal where change.count <= startedAt { before[change.name] = change.entry }
+        for case let (name, entry?) in before where table[name] == nil { table[name] = entry }
+        for change in journal where change.count > startedAt { table[change.name] = change.entry }
+        guard startedAt >= forgottenUpTo[directory] ?? 0, askedAt >= listings[directory]?.askedAt ?? 0 else {
+            return (table, false)
+        }
+        listings[directory] = Listing(entries: table, completedAt: now, askedAt: askedAt)
+        return (table, true)
     }
 
     /// A new, empty directory made here: its listing is known.
     mutating func rememberEmpty(_ directory: InodeNumber, now: Double, askedAt: UInt64) {
-        changes[directory, default: 0] += 1
+        forgetChanges(directory)
         listings[directory] = Listing(entries: EntryTable([]), completedAt: now, askedAt: askedAt)
     }
 
-    /// A change we made to `name` in `directory` (nil entry: removed).
-    mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?) {
-        changes[directory, default: 0] += 1
+    /// A change we made to `name` in `directory` (nil entry: removed), at `now`.
+    mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?, now: Double) {
+        let count = changeCount(directory) + 1
+        changes[directory] = count
         listings[directory]?.entries[name.exact] = entry
+        journals[directory, default: []].append(Change(count: count, at: now, name: name.exact, entry: entry))
+        prune(directory, now: now)
+        recordedSincePrune += 1
+        if recordedSincePrune >= 1_000 {
+            recordedSincePrune = 0
+            for other in Array(journals.keys) { prune(other, now: now) }
+        }
     }
 
     /// Forgets the listing of `directory` (renamed, removed, forgotten).
     mutating func drop(_ directory: InodeNumber) {
-        changes[directory, default: 0] += 1
+        forgetChanges(directory)
         listings[directory] = nil
         lastResolved[directory] = nil
         reserved[directory] = nil
+    }
+
+    /// A change that no listing in progress may be remembered over: counted, and every change
+    /// journaled before it forgotten.
+    private mutating func forgetChanges(_ directory: InodeNumber) {
+        let count = changeCount(directory) + 1
+        changes[directory] = count
+        journals[directory] = nil
+        forgottenUpTo[directory] = count
+    }
+
+    /// Forgets the changes older than `journalSeconds`, and those beyond `journalLimit`.
+    private mutating func prune(_ directory: InodeNumber, now: Double) {
+        guard let journal = journals[directory], let first = journal.first,
+            now - first.at > journalSeconds || journal.count > Self.journalLimit
+        else { return }
+        let kept = journal.drop { now - $0.at > journalSeconds }.suffix(Self.journalLimit)
+        if let last = journal[..<kept.startIndex].last { forgottenUpTo[directory] = last.count }
+        journals[directory] = kept.isEmpty ? nil : Array(kept)
     }
 }
 
@@ -93,6 +168,8 @@ extension DirectoryCache {
     mutating func remove(_ directory: InodeNumber) {
         listings[directory] = nil
         changes[directory] = nil
+        journals[directory] = nil
+        forgottenUpTo[directory] = nil
         lastResolved[directory] = nil
         reserved[directory] = nil
     }
@@ -123,6 +200,15 @@ struct EntryTable {
         }
         set { changes[name] = .some(newValue) }
     }
+
+    /// Entries of names the listing itself lacks (made here since, or not listed yet), sorted.
+    var addedHere: [DirectoryEntry] {
+        changes.compactMap { name, entry in positions[name] == nil ? entry : nil }
+            .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+    }
+
+    /// Whether the listing itself has `name` (whatever changed here since).
+    func listed(_ name: ExactString) -> Bool { positions[name] != nil }
 
     /// Every entry now (one per name), sorted by the bytes of the names.
     var sorted: [DirectoryEntry] {

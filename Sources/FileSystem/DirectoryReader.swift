@@ -18,6 +18,14 @@ final class DirectoryReader: Sendable {
         var complete = false
         /// Aliases of shadowed files not yet certain (see `entries`).
         var heldAliases: [ExactString: DirectoryEntry] = [:]
+        var tail: [TailItem]? = nil
+    }
+
+    /// What readdir shows after the listing's entries: names this mount made that the listing
+    /// lacks (listed as this mount recorded them, or open files not stored yet).
+    enum TailItem {
+        case listed(DirectoryEntry)
+        case local(String, InodeNumber)
     }
 
     /// Protects the listing progress. The kernel serialises readdir per open directory, so fetching
@@ -102,6 +110,15 @@ final class DirectoryReader: Sendable {
                 s.complete = page.nextMarker == nil
             }
         }
+    }
+
+    /// The tail, made by `make` the first time (once the listing is complete), then the same for
+    /// every later readdir of this reader, so that offsets into it stay valid.
+    func tail(_ make: () -> [TailItem]) -> [TailItem] {
+        if let tail = state.withLock({ $0.tail }) { return tail }
+        let tail = make()
+        state.withLock { $0.tail = tail }
+        return tail
     }
 
     /// Every entry, if the whole listing has been read.

@@ -66,11 +66,10 @@ public final class Filesystem: Sendable {
     /// Uploads running and owed (`mount.cssp --status`).
     public let transfers = Transfers()
 
-    /// An open directory: its listing, and whether readdir read from it (offset 0 again is then
-    /// `rewinddir`, which must show what changed since).
+    /// An open directory: the listing its readdir reads, taken at offset 0 (the first readdir,
+    /// or after `rewinddir`, which must show the directory as it is then); nil before.
     struct OpenDirectory {
-        var reader: DirectoryReader
-        var read = false
+        var reader: DirectoryReader? = nil
     }
 
     enum Handle {
@@ -82,7 +81,7 @@ public final class Filesystem: Sendable {
 
     struct State {
         var inodes: InodeTable
-        var directories = DirectoryCache()
+        var directories: DirectoryCache
         var handles = HandleTable()
         /// Spools by inode: files open for writing, and closed files whose upload is pending.
         var openFiles: [InodeNumber: SpoolFile] = [:]
@@ -119,7 +118,10 @@ public final class Filesystem: Sendable {
         self.spool = try Spool(directory: configuration.spoolDirectory)
         sharedParts = SharedParts(directory: configuration.spoolDirectory)
         self.pool = BackgroundPool(width: configuration.backgroundThreads)
-        state = Locked(State(inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)))
+        state = Locked(
+            State(
+                inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
+                directories: DirectoryCache(journalSeconds: max(configuration.directoryCacheSeconds, Self.minimumJournalSeconds))))
         let transfers = self.transfers
         let registry = configuration.metrics.registry
         registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
@@ -312,57 +314,83 @@ public final class Filesystem: Sendable {
     /// whole directory (up to `lookupListingLimit` entries) and remembers it, so that a walk over
     /// many names (rsync, `stat` of each file, a build) costs one listing instead of two requests
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
+    /// A lookup while such a listing runs waits for it (creates from several processes in one
+    /// directory share one listing).
     func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64)? {
         let inode = directory.inode
         let now = self.now()
-        let start: UInt64? = state.withLock { s in
+        enum Start {
+            case list(UInt64, DispatchGroup)
+            case wait(DispatchGroup)
+            case no
+        }
+        let start: Start = state.withLock { s in
             defer { s.directories.lastResolved[inode] = now }
-            guard let last = s.directories.lastResolved[inode], now - last <= Self.lookupListingWindow,
-                !s.directories.listingForLookup.contains(inode)
-            else { return nil }
-            s.directories.listingForLookup.insert(inode)
-            return s.directories.changeCount(inode)
+            if let running = s.directories.listingForLookup[inode] { return .wait(running) }
+            guard let last = s.directories.lastResolved[inode], now - last <= Self.lookupListingWindow else { return .no }
+            let group = DispatchGroup()
+            group.enter()
+            s.directories.listingForLookup[inode] = group
+            return .list(s.directories.changeCount(inode), group)
         }
-        guard let start else { return nil }
-        defer { _ = state.withLock { $0.directories.listingForLookup.remove(inode) } }
-        let reader = makeDirectoryReader(directory)
-        var index = 0
-        while true {
-            let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
-            index += batch.count
-            if complete { break }
-            if index > Self.lookupListingLimit { return nil }
+        switch start {
+        case .no: return nil
+        case .wait(let running):
+            running.wait()
+            return state.withLock { s in
+                s.directories.listing(inode, now: self.now(), maximumAge: configuration.directoryCacheSeconds)
+                    .map { ($0.entries, $0.askedAt) }
+            }
+        case .list(let startedAt, let group):
+            defer {
+                state.withLock { _ = $0.directories.listingForLookup.removeValue(forKey: inode) }
+                group.leave()
+            }
+            let reader = makeDirectoryReader(directory, startedAt: startedAt)
+            var index = 0
+            while true {
+                let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+                index += batch.count
+                if complete { break }
+                if index > Self.lookupListingLimit { return nil }
+            }
+            guard let entries = reader.completeEntries() else { return nil }
+            return (remember(entries, for: inode, startedAt: startedAt, askedAt: reader.askedAt), reader.askedAt)
         }
-        guard let entries = reader.completeEntries() else { return nil }
-        return (remember(entries, for: inode, startedAt: start, askedAt: reader.askedAt), reader.askedAt)
     }
 
     static let lookupListingWindow: Double = 30
     static let lookupListingLimit = 100_000
+    /// Changes made here are applied to the listings that follow for `dir_timeout`, and at least
+    /// this long (container listings lag behind writes; DirectoryCache rule 2).
+    static let minimumJournalSeconds: Double = 2
 
     /// Stores a complete listing of directory `inode` that started at change count `startedAt`
-    /// and `StoreClock` tick `askedAt`, unless the directory changed here since (DirectoryCache
+    /// and `StoreClock` tick `askedAt`, with this mount's recent changes applied (DirectoryCache
     /// rule 2); returns it as a table.
     @discardableResult
     func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64, askedAt: UInt64) -> EntryTable {
-        let table = EntryTable(entries)
-        state.withLock { s in
-            guard s.inodes[inode] != nil,
-                s.directories.remember(table, for: inode, now: now(), startedAt: startedAt, askedAt: askedAt)
-            else { return }
+        let table: EntryTable = state.withLock { s in
+            guard s.inodes[inode] != nil else { return EntryTable(entries) }
+            let (table, remembered) = s.directories.remember(
+                EntryTable(entries), for: inode, now: now(), startedAt: startedAt, askedAt: askedAt)
+            guard remembered else { return table }
             // Names the server no longer lists are gone (another client removed them), unless
             // they hold bytes not stored yet.
             for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
                 s.inodes.unhook(parent: inode, name: name.string)
             }
             s.sweep()
+            return table
         }
         prefetchMetadata(of: entries, in: inode)
         return table
     }
 
-    func makeDirectoryReader(_ directory: Node) -> DirectoryReader {
-        let startedAt = state.withLock { $0.directories.changeCount(directory.inode) }
+    /// A reader of the server's listing of `directory`, which starts at change count `startedAt`
+    /// (now, when nil).
+    func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil) -> DirectoryReader {
+        let startedAt = startedAt ?? state.withLock { $0.directories.changeCount(directory.inode) }
         return DirectoryReader(
             store: store, prefix: directory.key, pageSize: configuration.listPageSize,
             hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, startedAt: startedAt,
@@ -478,24 +506,24 @@ public final class Filesystem: Sendable {
     public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
-        let reader = directoryReader(directory)
         return state.withLock { s in
-            s.handles.open(OpenDirectory(reader: reader))
+            s.handles.open(OpenDirectory())
         }
     }
 
     /// The listing of `directory` as it is now: a remembered one younger than dir_timeout (which
     /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
     private func directoryReader(_ directory: Node) -> DirectoryReader {
-        let remembered: ([DirectoryEntry], askedAt: UInt64)? = state.withLock { s in
+        let remembered: ([DirectoryEntry], askedAt: UInt64, count: UInt64)? = state.withLock { s in
             guard
                 let listing = s.directories.listing(
                     directory.inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return nil }
-            return (listing.entries.sorted, listing.askedAt)
+            return (listing.entries.sorted, listing.askedAt, s.directories.changeCount(directory.inode))
         }
-        return remembered.map { DirectoryReader(prefix: directory.key, remembered: $0.0, startedAt: 0, askedAt: $0.askedAt) }
-            ?? makeDirectoryReader(directory)
+        return remembered.map {
+            DirectoryReader(prefix: directory.key, remembered: $0.0, startedAt: $0.count, askedAt: $0.askedAt)
+        } ?? makeDirectoryReader(directory)
     }
 
     /// One thing readdir shows.
@@ -572,14 +600,18 @@ public final class Filesystem: Sendable {
         guard var open = state.withLock({ $0.handles.directory(handle) }) else {
             throw FSError(.invalidArgument, "unknown directory handle \(handle)")
         }
-        if offset == 0 && open.read {
-            // rewinddir: entries made or removed since opendir show now.
-            open.reader = directoryReader(try node(inode))
-        }
-        open.read = true
-        let reader = open.reader
-        state.withLock { s in
-            s.handles.update(handle, open)
+        let reader: DirectoryReader
+        if offset == 0 || open.reader == nil {
+            // The first readdir, or rewinddir (the kernel cannot tell them apart): the directory
+            // as it is now. glibc's rewinddir before any readdir must show changes made since
+            // opendir too, so opendir takes no listing.
+            reader = directoryReader(try node(inode))
+            open.reader = reader
+            state.withLock { s in
+                s.handles.update(handle, open)
+            }
+        } else {
+            reader = open.reader!
         }
         let parent = state.withLock { $0.inodes[inode]?.parent } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }
@@ -608,21 +640,33 @@ public final class Filesystem: Sendable {
         }
     }
 
-    /// After the listing: remember it, then emit files created here that the server does not list yet.
+    /// After the listing: remember it (once per reader), then emit what this mount made that
+    /// the listing lacks: names it recorded (DirectoryCache rule 2) and files open, not stored yet.
     private func finishListing(
         _ reader: DirectoryReader, for inode: InodeNumber, from index: Int, emit: (Item, Int64) -> Bool
     ) {
         guard let entries = reader.completeEntries() else { return }
-        let table =
-            reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt, askedAt: reader.askedAt)
-        let pending: [(String, InodeNumber)] = state.withLock { s in
-            let table = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])
-            return s.inodes.children(of: inode).filter { table[$0.key] == nil && s.openFiles[$0.value] != nil }
-                .sorted { $0.key < $1.key }.map { ($0.key.string, $0.value) }
+        let tail = reader.tail { () -> [DirectoryReader.TailItem] in
+            let table =
+                reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt, askedAt: reader.askedAt)
+            return state.withLock { s in
+                // A remembered listing's entries are its table's already.
+                let recorded = table?.addedHere ?? []
+                let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])
+                let open = s.inodes.children(of: inode).filter { name, child in
+                    s.openFiles[child] != nil && current[name] == nil && !(table?.listed(name) ?? false)
+                }
+                return recorded.map { .listed($0) }
+                    + open.sorted { $0.key < $1.key }.map { .local($0.key.string, $0.value) }
+            }
         }
         let start = index - entries.count
-        for (i, (name, child)) in pending.enumerated() where i >= start {
-            if !emit(.local(name, child), Int64(entries.count + i + 1) + 2) { return }
+        for (i, item) in tail.enumerated() where i >= start {
+            let next = Int64(entries.count + i + 1) + 2
+            switch item {
+            case .listed(let entry): if !emit(.listed(entry, askedAt: reader.askedAt), next) { return }
+            case .local(let name, let child): if !emit(.local(name, child), next) { return }
+            }
         }
     }
 
@@ -653,13 +697,13 @@ public final class Filesystem: Sendable {
 
     /// Records a change we made in the remembered listing of `parent` (nil entry = removed).
     func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout State) {
-        s.directories.record(parent, name: name, entry: entry)
+        s.directories.record(parent, name: name, entry: entry, now: now())
     }
 
     /// Records what we stored for `node` in its directory's listing, if a name still leads to it.
     func updateListing(describing node: Node, in s: inout State) {
         guard s.inodes.child(node.parent, node.name)?.inode == node.inode else { return }
-        s.directories.record(node.parent, name: node.name, entry: entry(for: node))
+        s.directories.record(node.parent, name: node.name, entry: entry(for: node), now: now())
     }
 
     // MARK: Filesystem

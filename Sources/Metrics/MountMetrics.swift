@@ -9,6 +9,8 @@ public final class MountMetrics: Sendable {
     public let requests: CounterFamily
     /// Seconds from sending a request to its last byte, per `method`.
     public let requestSeconds: HistogramFamily
+    /// Listing pages asked for (GETs of the container, counted in `requests` too).
+    public let listings: Counter
     public let bytesSent: Counter
     public let bytesReceived: Counter
     /// Attempts sent again: `reason` is the status that caused it, or `network`.
@@ -28,6 +30,8 @@ public final class MountMetrics: Sendable {
         requestSeconds = registry.histograms(
             "cssp_request_seconds", help: "Time from sending a request to its last byte, by method.",
             labels: ["method"], bounds: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60])
+        listings = registry.counter(
+            "cssp_listings_total", help: "Listing pages asked of the store (GETs of the container, also in cssp_requests_total).")
         bytesSent = registry.counter("cssp_bytes_sent_total", help: "Request body bytes sent to the store.")
         bytesReceived = registry.counter("cssp_bytes_received_total", help: "Response body bytes received from the store.")
         retries = registry.counters(

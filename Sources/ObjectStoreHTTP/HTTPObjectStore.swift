@@ -91,6 +91,7 @@ public final class HTTPObjectStore: ObjectStore {
         if !prefix.isEmpty { request.query.append(("prefix", prefix)) }
         if let delimiter { request.query.append(("delimiter", delimiter)) }
         if let marker { request.query.append(("marker", marker)) }
+        metrics.listings.add()
         let response = try send(request)
         let entries = response.status == 204 ? [] : try ListingParser.parse(response.body)
         // Names come after the marker, in byte order: a server that ignores the marker would make

@@ -47,6 +47,15 @@ public final class FakeObjectStore: ObjectStore {
     /// Protects objects and counts.
     private let state = Locked<(objects: [ExactString: Object], counts: Counts, clock: Double, failPuts: Int)>(([:], Counts(), 1_700_000_000, 0))
 
+    /// Keys listings leave out for now (a container listing lagging behind writes).
+    private let unlisted = Locked<Set<ExactString>>([])
+
+    /// Leaves `keys` out of listings until `listAll()`, as Swift's container listing does for a
+    /// while after a write when the container update is queued.
+    public func lagListings(_ keys: [String]) { unlisted.withLock { $0.formUnion(keys.map(\.exact)) } }
+    /// Ends `lagListings`.
+    public func listAll() { unlisted.withLock { $0 = [] } }
+
     public init(containerName: String = "fake-container") {
         self.containerName = containerName
     }
@@ -116,12 +125,13 @@ public final class FakeObjectStore: ObjectStore {
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
         // As the real client: the protocol allows at most 10 000 entries per request.
         precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
+        let unlisted = self.unlisted.withLock { $0 }
         return state.withLock { s in
             s.counts.list += 1
             var entries: [ListEntry] = []
             var lastPrefix: String? = nil
             for key in s.objects.keys.sorted().map(\.string) {
-                guard key.utf8.starts(with: prefix.utf8) else { continue }
+                guard key.utf8.starts(with: prefix.utf8), !unlisted.contains(key.exact) else { continue }
                 if let marker, !Self.byteOrder(marker, key) { continue }
                 let rest = Substring(key.utf8.dropFirst(prefix.utf8.count))
                 if let delimiter, let range = rest.firstRange(of: delimiter) {

@@ -14,6 +14,8 @@ import Glibc
 /// directory and walks of the whole tree, remounts, another client's PUTs and DELETEs) against a
 /// small in-memory tree, compared after every step; and, at random points, once the mount owes
 /// the server nothing (an owed attribute change was just stored), the whole tree (issue 19).
+/// Every listing checks that d_ino is the st_ino lstat gives, and directory streams kept open
+/// are read again after rewinddir (issue 24).
 /// Seeds take turns with the mount options of `MountModelRun.options(seed:)`.
 /// Environment: `CSSP_E2E_MODEL_SEED=N` replays one seed; `CSSP_E2E_MODEL_SEEDS` (default 4) seeds
 /// of `CSSP_E2E_MODEL_OPS` (default 600) operations.
@@ -80,6 +82,8 @@ final class MountModelRun {
     var random: SeededGenerator
     var tree: [String: Object] = [:]
     var descriptors: [Descriptor] = []
+    /// Directory streams kept open (opendir) and the directory each shows (nil: the root).
+    var streams: [(stream: OpaquePointer, directory: Object?)] = []
     var trace: [String] = []
     var operations = 0
     /// Checks of the whole tree made once the mount owed nothing.
@@ -113,6 +117,8 @@ final class MountModelRun {
     func cleanUp() {
         for descriptor in descriptors { close(descriptor.fd) }
         descriptors = []
+        for kept in streams { closedir(kept.stream) }
+        streams = []
         _ = try? mount.unmount()
         try? FileManager.default.removeItem(atPath: cache)
     }
@@ -212,7 +218,8 @@ final class MountModelRun {
         case 63..<66: try rmdir()
         case 66..<72: try mkdir()
         case 72..<74: try symlink()
-        case 74..<81: try listDirectory()
+        case 74..<78: try listDirectory()
+        case 78..<81: try keepOrRewindDirectory()
         case 81..<87: try statAndRead(target([.file, .directory, .symlink]))
         case 87..<89: try remount()
         case 89..<92: try anotherClientPuts()
@@ -469,8 +476,70 @@ final class MountModelRun {
         }
     }
 
+    /// opendir of a directory, kept open (read at once, or not: its first readdir after
+    /// changes is then a rewinddir's), or rewinddir of a stream kept open since earlier
+    /// operations, read to the end: the directory as it is now, with d_ino = st_ino (issue 24).
+    func keepOrRewindDirectory() throws {
+        if streams.isEmpty || chance(0.3) {
+            let relative = pick(directories)!
+            let read = chance(0.5)
+            trace.append("opendir \(relative.isEmpty ? "/" : relative) and keep it open\(read ? "" : ", unread")")
+            guard let stream = opendir(path(relative)) else {
+                throw fail("opendir \(relative): \(String(cString: strerror(errno)))")
+            }
+            streams.append((stream, relative.isEmpty ? nil : tree[relative]))
+            if read { _ = try readStream(stream, what: relative) }
+            return
+        }
+        let index = Int.random(in: 0..<streams.count, using: &random)
+        let kept = streams[index]
+        let closing = chance(0.3)
+        // Where the directory is now (renamed with it); a removed one is not compared.
+        let relative: String? = kept.directory.map { directory in tree.first { $0.value === directory }?.key } ?? ""
+        trace.append("rewinddir of the stream of \(relative.map { $0.isEmpty ? "/" : $0 } ?? "a removed directory")\(closing ? ", closedir" : "")")
+        rewinddir(kept.stream)
+        if let relative {
+            let shown = try readStream(kept.stream, what: relative)
+            let expected = children(relative)
+            if shown.map(\.name).sorted() != expected {
+                throw fail("rewinddir of \(relative.isEmpty ? "/" : relative) shows \(shown.map(\.name).sorted()), expected \(expected)")
+            }
+            try checkInodes(shown, in: relative)
+        }
+        if closing {
+            closedir(kept.stream)
+            streams.remove(at: index)
+        }
+    }
+
+    /// readdir of `stream` to its end: names and d_ino.
+    func readStream(_ stream: OpaquePointer, what: String) throws -> [(name: String, inode: UInt64)] {
+        var shown: [(name: String, inode: UInt64)] = []
+        errno = 0
+        while let entry = readdir(stream) {
+            let name = withUnsafePointer(to: &entry.pointee.d_name) {
+                String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self))
+            }
+            if name != "." && name != ".." { shown.append((name, UInt64(entry.pointee.d_ino))) }
+        }
+        if errno != 0 { throw fail("readdir \(what): \(String(cString: strerror(errno)))") }
+        return shown
+    }
+
+    /// Every name readdir showed in `relative` has the d_ino its lstat's st_ino says.
+    func checkInodes(_ shown: [(name: String, inode: UInt64)], in relative: String) throws {
+        for (name, inode) in shown {
+            let child = relative.isEmpty ? name : relative + "/" + name
+            var st = stat()
+            try call(nil, "lstat of listed \(child)") { lstat(path(child), &st) }
+            if UInt64(st.st_ino) != inode { throw fail("readdir shows \(child) as inode \(inode), lstat as \(st.st_ino)") }
+        }
+    }
+
     func remount() throws {
         trace.append("close everything, unmount, mount again")
+        for kept in streams { closedir(kept.stream) }
+        streams = []
         while !descriptors.isEmpty { try closeDescriptor(at: descriptors.count - 1) }
         let status = try mount.unmount()
         guard status == 0 else { throw fail("the daemon exited with \(status) at unmount") }
@@ -550,15 +619,18 @@ final class MountModelRun {
         for relative in tree.keys.sorted() { try statAndRead(relative) }
     }
 
+    /// opendir, readdir to the end, closedir: the names, each with d_ino = st_ino.
     func checkListing(_ relative: String) throws {
-        let shown: [String]
+        guard let stream = opendir(path(relative)) else { throw fail("opendir \(relative): \(String(cString: strerror(errno)))") }
+        let listed: [(name: String, inode: UInt64)]
         do {
-            shown = try FileManager.default.contentsOfDirectory(atPath: path(relative)).sorted()
-        } catch {
-            throw fail("ls \(relative): \(error)")
+            defer { closedir(stream) }
+            listed = try readStream(stream, what: relative)
         }
+        let shown = listed.map(\.name).sorted()
         let expected = children(relative)
         if shown != expected { throw fail("ls \(relative.isEmpty ? "/" : relative) shows \(shown), expected \(expected)") }
+        try checkInodes(listed, in: relative)
     }
 
     func statAndRead(_ relative: String) throws {

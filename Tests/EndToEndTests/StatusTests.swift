@@ -35,7 +35,7 @@ struct StatusTests {
             "cssp_requests_total", "cssp_request_seconds", "cssp_bytes_sent_total", "cssp_bytes_received_total",
             "cssp_retries_total", "cssp_cache_hits_total", "cssp_cache_misses_total", "cssp_cache_bytes",
             "cssp_cache_limit_bytes", "cssp_uploads_in_progress", "cssp_upload_bytes_done", "cssp_upload_bytes_total",
-            "cssp_pending_uploads", "cssp_fuse_ops_total", "cssp_errors_total",
+            "cssp_pending_uploads", "cssp_fuse_ops_total", "cssp_errors_total", "cssp_listings_total",
         ] {
             #expect(text.contains("# TYPE \(name) "), "\(name) missing")
         }

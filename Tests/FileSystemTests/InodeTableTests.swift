@@ -120,18 +120,76 @@ struct DirectoryCacheTests {
         DirectoryEntry(name: name, kind: .file, key: name, size: 1, etag: "e", lastModified: .zero, contentType: "")
     }
 
-    @Test func aListingThatStartedBeforeAChangeIsNotRemembered() {
-        var cache = DirectoryCache()
+    /// Rule 2: a listing that started before a change made here is remembered with the change
+    /// applied (it was refused, and creates from several processes listed the directory again
+    /// for every name); one that started before a change no longer journaled is refused.
+    @Test func aListingThatStartedBeforeAChangeIsRememberedWithIt() {
+        var cache = DirectoryCache(journalSeconds: 5)
         let started = cache.changeCount(7)
-        cache.record(7, name: "new", entry: entry("new"))
-        let refused = !cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: started, askedAt: 1)
-        #expect(refused)
-        #expect(cache.listing(7, now: 10, maximumAge: 5) == nil)
-        let current = cache.changeCount(7)
-        let accepted = cache.remember(EntryTable([entry("old")]), for: 7, now: 10, startedAt: current, askedAt: 1)
-        #expect(accepted)
-        #expect(cache.listing(7, now: 12, maximumAge: 5)?.entries.sorted.map(\.name) == ["old"])
-        #expect(cache.listing(7, now: 16, maximumAge: 5) == nil)
+        cache.record(7, name: "new", entry: entry("new"), now: 10)
+        cache.record(7, name: "gone", entry: nil, now: 10)
+        let (table, remembered) = cache.remember(
+            EntryTable([entry("gone"), entry("old")]), for: 7, now: 11, startedAt: started, askedAt: 1)
+        #expect(remembered)
+        #expect(table.sorted.map(\.name) == ["new", "old"])
+        #expect(cache.listing(7, now: 12, maximumAge: 5)?.entries.sorted.map(\.name) == ["new", "old"])
+        #expect(cache.listing(7, now: 17, maximumAge: 5) == nil)
+        // 20 s later the change is no longer journaled: a listing that started before it (a
+        // slow one) cannot be made current, and is refused.
+        cache.record(7, name: "later", entry: entry("later"), now: 30)
+        let slow = cache.remember(EntryTable([entry("old")]), for: 7, now: 31, startedAt: started, askedAt: 2)
+        #expect(!slow.remembered)
+        #expect(cache.listing(7, now: 31, maximumAge: 5) == nil)
+    }
+
+    /// A container listing lags behind the writes it follows: a listing that started after this
+    /// mount created a name, and does not show it yet, is remembered with the name.
+    @Test func aLaggingListingKeepsWhatWasMadeHereJustBefore() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        cache.record(7, name: "made", entry: entry("made"), now: 10)
+        let started = cache.changeCount(7)
+        let (table, remembered) = cache.remember(EntryTable([entry("old")]), for: 7, now: 11, startedAt: started, askedAt: 2)
+        #expect(remembered && table["made".exact] != nil)
+        // An older listing does not replace a newer one.
+        let older = cache.remember(EntryTable([]), for: 7, now: 12, startedAt: started, askedAt: 1)
+        #expect(!older.remembered)
+        #expect(cache.listing(7, now: 12, maximumAge: 5)?.entries.sorted.map(\.name) == ["made", "old"])
+        // A name made and then removed here before the listing started stays removed (the
+        // core model, seed 4).
+        cache.record(7, name: "brief", entry: entry("brief"), now: 12)
+        cache.record(7, name: "brief", entry: nil, now: 12)
+        let afterRemoval = cache.remember(
+            EntryTable([entry("old")]), for: 7, now: 12, startedAt: cache.changeCount(7), askedAt: 4)
+        #expect(afterRemoval.remembered && afterRemoval.entries["brief".exact] == nil)
+        // Beyond the journal's time the listing is believed.
+        let much = cache.remember(EntryTable([entry("old")]), for: 7, now: 20, startedAt: cache.changeCount(7), askedAt: 5)
+        #expect(much.remembered && much.entries["made".exact] == nil)
+    }
+
+    /// A change made before a listing started does not replace what the listing shows of the
+    /// name: that may be another client's newer version (mount model, seed 3: a renamed file
+    /// another client then replaced showed the renamed version's owner again).
+    @Test func aListingNewerThanAChangeKeepsItsVersionOfTheName() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        var mine = entry("f")
+        mine.etag = "mine"
+        cache.record(7, name: "f", entry: mine, now: 10)
+        var theirs = entry("f")
+        theirs.etag = "theirs"
+        let started = cache.changeCount(7)
+        let (table, remembered) = cache.remember(EntryTable([theirs]), for: 7, now: 11, startedAt: started, askedAt: 2)
+        #expect(remembered && table["f".exact]?.etag == "theirs")
+    }
+
+    /// A journal is kept for `journalSeconds`, also in a directory nobody changes or lists
+    /// again: changes elsewhere prune it (an rsync of many directories holds no journal of them
+    /// all).
+    @Test func journalsOfIdleDirectoriesArePrunedByChangesElsewhere() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        for directory in InodeNumber(10)..<20 { cache.record(directory, name: "f", entry: entry("f"), now: 0) }
+        #expect(cache.journaledChanges == 10)
+        for i in 0..<1_000 { cache.record(7, name: "n\(i)", entry: entry("n\(i)"), now: 10) }
+        #expect(cache.journaledChanges == 1_000)
     }
 
     /// A remembered listing keeps the reader's array and a table of positions; our changes go
@@ -153,9 +211,9 @@ struct DirectoryCacheTests {
 
     @Test func ourChangesUpdateARememberedListingAndDropForgetsIt() {
         var cache = DirectoryCache()
-        cache.remember(EntryTable([entry("a")]), for: 3, now: 0, startedAt: 0, askedAt: 1)
-        cache.record(3, name: "b", entry: entry("b"))
-        cache.record(3, name: "a", entry: nil)
+        _ = cache.remember(EntryTable([entry("a")]), for: 3, now: 0, startedAt: 0, askedAt: 1)
+        cache.record(3, name: "b", entry: entry("b"), now: 0)
+        cache.record(3, name: "a", entry: nil, now: 0)
         #expect(cache.listing(3, now: 1, maximumAge: 5)?.entries.sorted.map(\.name) == ["b"])
         cache.drop(3)
         #expect(cache.anyListing(3) == nil)

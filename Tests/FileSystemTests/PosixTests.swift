@@ -121,6 +121,58 @@ struct PosixTests {
         #expect(inPlain.gid == caller.gid && inPlain.permissions == 0o755)
     }
 
+    /// Reads directory handle `handle` of `directory` from offset 0 to the end: names and d_ino.
+    func readAll(_ fs: Filesystem, _ directory: InodeNumber, handle: UInt64) throws -> [String: InodeNumber] {
+        var names: [String: InodeNumber] = [:]
+        var offset: Int64 = 0
+        while true {
+            var count = 0
+            try fs.readdir(directory, handle: handle, offset: offset) { name, _, inode, next in
+                count += 1
+                offset = next
+                if name != "." && name != ".." { names[name] = inode }
+                return true
+            }
+            if count == 0 { return names }
+        }
+    }
+
+    /// Issue 24: opendir with the listing remembered, names made and removed, then rewinddir
+    /// before any readdir (to the filesystem, the first read): the stream shows them.
+    @Test func rewinddirBeforeTheFirstReadShowsWhatChangedSinceOpendir() throws {
+        let store = FakeObjectStore()
+        store.seed("a", text: "a")
+        let fs = makeFilesystem(store)
+        let first = try fs.opendir(root)
+        _ = try readAll(fs, root, handle: first)
+        fs.releasedir(handle: first)
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        let b = try createFile(fs, "b", "b")
+        try fs.unlink(parent: root, name: "a")
+        #expect(try readAll(fs, root, handle: handle) == ["b": b.inode])
+    }
+
+    /// Issue 24: a container listing lags behind the write it follows. A listing made right
+    /// after this mount stored `f` that does not show it yet must not make `f` vanish, nor give
+    /// it a new inode number while the kernel holds the old one (d_ino != st_ino).
+    @Test func aListingThatLagsBehindACreateKeepsTheFileAndItsInode() throws {
+        let store = FakeObjectStore()
+        store.seed("a", text: "a")
+        let fs = makeFilesystem(store)
+        #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "x") }  // asks the store about x only
+        let f = try createFile(fs, "f", "made here")
+        store.lagListings(["f"])
+        // The second lookup in a short time lists the directory (which lacks f) and remembers it.
+        #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "y") }
+        #expect(store.counts.list >= 1)
+        #expect(try fs.lookup(parent: root, name: "f").inode == f.inode)
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        #expect(try readAll(fs, root, handle: handle) == ["a": try fs.lookup(parent: root, name: "a").inode, "f": f.inode])
+        store.listAll()
+    }
+
     /// rewinddir shows what changed since opendir (it replayed the first listing).
     @Test func rewinddirShowsEntriesMadeSinceOpendir() throws {
         let store = FakeObjectStore()
@@ -128,23 +180,9 @@ struct PosixTests {
         let fs = makeFilesystem(store)
         let handle = try fs.opendir(root)
         defer { fs.releasedir(handle: handle) }
-        func readAll() throws -> [String] {
-            var names: [String] = []
-            var offset: Int64 = 0
-            while true {
-                var count = 0
-                try fs.readdir(root, handle: handle, offset: offset) { name, _, _, next in
-                    count += 1
-                    offset = next
-                    if name != "." && name != ".." { names.append(name) }
-                    return true
-                }
-                if count == 0 { return names }
-            }
-        }
-        #expect(try readAll() == ["a"])
+        #expect(try readAll(fs, root, handle: handle).keys.sorted() == ["a"])
         _ = try createFile(fs, "b", "b")
         try fs.unlink(parent: root, name: "a")
-        #expect(try readAll() == ["b"])
+        #expect(try readAll(fs, root, handle: handle).keys.sorted() == ["b"])
     }
 }

@@ -699,14 +699,16 @@ final class ReferenceModelRun {
     func rewindOpenDirectory() throws {
         if openDirectories.isEmpty || chance(0.3) {
             let path = pick(tree.directories)!
-            try step("opendir \(path.isEmpty ? "/" : path) and keep it open") {
+            // Unread, its first readdir after changes is a rewinddir's (issue 24).
+            let read = chance(0.5)
+            try step("opendir \(path.isEmpty ? "/" : path) and keep it open\(read ? "" : ", unread")") {
                 let opened = try expect(nil, "opendir \(path)") { () throws(FSError) in
                     let inode = try kernel.resolve(path)
                     return (try kernel.fs.opendir(inode), inode)
                 }
                 guard let (handle, inode) = opened else { return }
                 openDirectories.append((handle, inode, path.isEmpty ? nil : tree.objects[path]))
-                _ = try readDirectory(handle, inode, from: 0)
+                if read { _ = try readDirectory(handle, inode, from: 0) }
             }
             return
         }
@@ -717,11 +719,13 @@ final class ReferenceModelRun {
             // Where the directory is now (renamed with it); a removed one is not compared.
             let path: String? = open.object == nil ? "" : tree.objects.first(where: { $0.value === open.object })?.key
             if let path {
-                let names = try readDirectory(open.handle, open.inode, from: 0)
+                let shown = try readDirectoryInodes(open.handle, open.inode, from: 0)
+                let names = shown.map(\.name)
                 let expected = tree.children(of: path)
                 if names.sorted(by: byteOrder).map({ Array($0.utf8) }) != expected.map({ Array($0.utf8) }) {
                     throw fail("rewinddir of \(path.isEmpty ? "/" : path) shows \(names.sorted(by: byteOrder)), expected \(expected)")
                 }
+                try checkInodes(shown, in: path, inode: open.inode)
             }
             if closing {
                 kernel.fs.releasedir(handle: open.handle)
@@ -732,16 +736,21 @@ final class ReferenceModelRun {
 
     /// Every name readdir of an open directory handle shows from `offset`.
     func readDirectory(_ handle: UInt64, _ inode: InodeNumber, from start: Int64) throws -> [String] {
-        var names: [String] = []
+        try readDirectoryInodes(handle, inode, from: start).map(\.name)
+    }
+
+    /// Every name readdir of an open directory handle shows from `offset`, with its d_ino.
+    func readDirectoryInodes(_ handle: UInt64, _ inode: InodeNumber, from start: Int64) throws -> [(name: String, inode: InodeNumber)] {
+        var names: [(name: String, inode: InodeNumber)] = []
         _ = try expect(nil, "readdir of handle \(handle)") { () throws(FSError) in
             var offset = start
             while true {
                 var count = 0
-                try kernel.fs.readdir(inode, handle: handle, offset: offset) { name, _, _, next in
+                try kernel.fs.readdir(inode, handle: handle, offset: offset) { name, _, number, next in
                     guard count < 5 else { return false }
                     count += 1
                     offset = next
-                    if name != "." && name != ".." { names.append(name) }
+                    if name != "." && name != ".." { names.append((name, number)) }
                     return true
                 }
                 if count == 0 { break }
@@ -919,7 +928,11 @@ final class ReferenceModelRun {
         if shown.map({ Array($0.utf8) }) != expected.map({ Array($0.utf8) }) {
             throw fail("ls \(directory.isEmpty ? "/" : directory) shows \(shown), expected \(expected)")
         }
-        // d_ino is the inode a lookup of the name gives (ls -i, find and du compare them).
+        try checkInodes(shownInodes, in: directory, inode: inode)
+    }
+
+    /// d_ino is the inode a lookup of the name gives (ls -i, find and du compare them).
+    func checkInodes(_ shownInodes: [(name: String, inode: InodeNumber)], in directory: String, inode: InodeNumber) throws {
         for (name, number) in shownInodes {
             let path = ReferenceTree.join(directory, name)
             let looked = try expect(nil, "lookup of listed \(path)") { () throws(FSError) in
