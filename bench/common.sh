@@ -10,7 +10,8 @@ set -a
 . "${CSSP_SERVER_DIR:-$REPO/.work/server}/env"
 set +a
 TOOL="$REPO/.build/release/cssp-tool"
-MOUNT="$REPO/.build/release/mount.cssp"
+# BENCH_MOUNT=PATH measures another mount.cssp (an older build) in place of this one.
+MOUNT=${BENCH_MOUNT:-$REPO/.build/release/mount.cssp}
 
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 now() { date +%s.%N; }

@@ -9,6 +9,9 @@
 #   create   cp -r of 1000 files of 4 KiB, until all are on the server, files/s
 #   ls       ls -l of a 10 000-object directory: fresh mount, then again on the same mount, s
 #   rsync    rsync -a re-run over 1000 unchanged files after a remount (must send nothing), s
+#   creates4 4 processes each creating 1000 empty files in one directory (issue 24): files/s
+#            until the last close returned and until all are stored, and the listing requests
+#            the tool sent meanwhile (counted in the server's access log by User-Agent)
 #   rsync1   rsync -a first run of 1000 files of 1 KiB to 256 KiB into an empty directory, until
 #            all are stored, s; and the HTTP requests the tool sent meanwhile, per file (counted
 #            in the server's access log by User-Agent)
@@ -16,19 +19,21 @@
 # (median) and the daemon's peak RSS (VmHWM before unmount, maximum). The ceiling also reads the
 # object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling).
 #
-# LATENCY_MS=20 adds that much to every request of a CSSP client (csspfs, the ceiling) before
-# the server answers (the test server's fault file, `stall=`), which models a distant server;
-# rclone and s3fs authenticate otherwise and are not slowed, so run it with TOOLS="ceiling csspfs".
+# LATENCY_MS=20 adds that much to every request of every client (csspfs, the ceiling, rclone
+# and s3fs, listings included) before the server answers (the test server's fault file,
+# `stall=`, which cssp_auth applies to other schemes' requests too), which models a distant
+# server.
 #
 #   bench/compare.sh                          everything, medians of RUNS=3 (about 40 minutes)
 #   RUNS=1 TOOLS="csspfs s3fs-default" WORKLOADS="read ls" bench/compare.sh
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs rclone-default rclone-tuned s3fs-default
-# s3fs-tuned); WORKLOADS (read fio write create ls rsync rsync1); FIO_SECONDS (20); WAIT_TIMEOUT
+# s3fs-tuned); WORKLOADS (read fio write create creates4 ls rsync rsync1); FIO_SECONDS (20); WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
 # COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
 # left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
-# S3FS_TUNED_EXTRA (more rclone flags, more s3fs -o options) try other tunings.
+# S3FS_TUNED_EXTRA (more rclone flags, more s3fs -o options) try other tunings; BENCH_MOUNT=PATH
+# measures another mount.cssp (an older build) as csspfs.
 #
 # Subtleties:
 # 1. "Until stored" means the object is on the server, not that close returned: rclone with a
@@ -57,7 +62,7 @@ export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
 export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
 ALL_TOOLS="ceiling csspfs rclone-default rclone-tuned s3fs-default s3fs-tuned"
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
-WORKLOADS=${WORKLOADS:-read fio write create ls rsync rsync1}
+WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1}
 FIO_SECONDS=${FIO_SECONDS:-20}
 export LATENCY_MS=${LATENCY_MS:-0}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
@@ -73,7 +78,8 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create ls rsync rsync1 " == *" $w "* ]] || die "unknown workload $w (read fio write create ls rsync rsync1)"
+    [[ " read fio write create creates4 ls rsync rsync1 " == *" $w "* ]] ||
+        die "unknown workload $w (read fio write create creates4 ls rsync rsync1)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -101,8 +107,8 @@ server_was_running=false
 URL=$("$REPO/scripts/cssp-server" create-container "$CONTAINER")
 if [[ $LATENCY_MS != 0 ]]; then
     [[ $LATENCY_MS =~ ^[0-9]+$ ]] || die "LATENCY_MS must be a whole number of milliseconds"
-    printf '* stall=%s /%s/\n' "$(awk -v ms="$LATENCY_MS" 'BEGIN { print ms / 1000 }')" "$CONTAINER" >"$CSSP_SERVER_FAULT_FILE"
-    note "every CSSP request waits $LATENCY_MS ms before its answer (fault file $CSSP_SERVER_FAULT_FILE)"
+    printf '* stall=%s /%s\n' "$(awk -v ms="$LATENCY_MS" 'BEGIN { print ms / 1000 }')" "$CONTAINER" >"$CSSP_SERVER_FAULT_FILE"
+    note "every request waits $LATENCY_MS ms before its answer (fault file $CSSP_SERVER_FAULT_FILE)"
 fi
 SEGMENTS_URL=$URL+segments # s3api's multipart segments
 OUT=$REPO/.work/compare
@@ -325,6 +331,26 @@ workload_create() {
     remove_writes
 }
 
+workload_creates4() {
+    local prefix=w-$TOOL_NAME/creates4 agent t offset pids=() pid
+    agent=$(user_agent)
+    mount_fresh
+    mkdir -p "$MNT/$prefix"
+    offset=$(access_log_size)
+    t=$(now)
+    for p in 1 2 3 4; do
+        (for i in $(seq 1000); do : >"$MNT/$prefix/p$p-$i" || exit 1; done) &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || note "WARNING: $TOOL_NAME: a creating process failed"; done
+    record creates4 "$(per_second 4000 "$(since "$t")")"
+    wait_objects "$prefix/" 4000 0
+    record creates4_stored "$(per_second 4000 "$(since "$t")")"
+    record creates4_listings "$(listings_since "$offset" "$agent")"
+    unmount_it
+    remove_writes
+}
+
 workload_ls() {
     local s
     mount_fresh
@@ -361,10 +387,19 @@ requests_since() {
     tail -c +$(($1 + 1)) "$CSSP_SERVER_LOG_DIR/proxy.log" | awk -v agent="$2" '$2 != "-" && index($10, agent) == 1' | wc -l
 }
 access_log_size() { stat -c %s "$CSSP_SERVER_LOG_DIR/proxy.log"; }
+# The listing requests (GETs of the container itself) among those.
+listings_since() {
+    tail -c +$(($1 + 1)) "$CSSP_SERVER_LOG_DIR/proxy.log" |
+        awk -v agent="$2" -v c="$CONTAINER" '$2 != "-" && index($10, agent) == 1 && $5 == "GET" && $6 ~ ("/" c "(%3F|$)")' | wc -l
+}
+# The User-Agent prefix of the tool under test.
+user_agent() {
+    case $TOOL_NAME in csspfs) echo csspfs/ ;; rclone*) echo rclone/ ;; s3fs*) echo s3fs/ ;; esac
+}
 
 workload_rsync1() {
     local prefix=w-$TOOL_NAME/rsync1/ agent t offset n
-    case $TOOL_NAME in csspfs) agent=csspfs/ ;; rclone*) agent=rclone/ ;; s3fs*) agent=s3fs/ ;; esac
+    agent=$(user_agent)
     mount_fresh
     mkdir -p "$MNT/w-$TOOL_NAME"
     offset=$(access_log_size)
@@ -529,6 +564,9 @@ ROWS = [
     ("fio", "4 KiB random read, fio 4 jobs, IOPS", True),
     ("write", "seq write 1 GiB until stored, MB/s", True),
     ("create", "create 1000 x 4 KiB until stored, files/s", True),
+    ("creates4", "4 procs x 1000 empty creates, return, files/s", True),
+    ("creates4_stored", "  the same, until stored, files/s", True),
+    ("creates4_listings", "  listing requests meanwhile", False),
     ("ls_cold", "ls -l 10 000 entries, fresh mount, s", False),
     ("ls_warm", "ls -l 10 000 entries, same mount, s", False),
     ("rsync", "rsync -a re-run, 1000 unchanged files, s", False),
@@ -564,7 +602,7 @@ width = 44
 show_ratio = "csspfs" in tools and PEERS
 latency = os.environ.get("LATENCY_MS", "0")
 if latency != "0":
-    print("every CSSP request (csspfs, ceiling) waited %s ms before its answer" % latency)
+    print("every request (every tool, listings included) waited %s ms before its answer" % latency)
 print("%-*s" % (width, "workload (median of %s; RSS: max)" % runs)
       + "".join("%15s" % t for t in tools)
       + ("%15s" % "csspfs/best" if show_ratio else ""))

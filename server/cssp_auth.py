@@ -241,11 +241,14 @@ class FaultRules(object):
         self._counts_stamp = None
         self._counts = {}
 
-    def match(self, method, path):
-        """Returns the rule to apply to this request, or None."""
+    def match(self, method, path, network_only=False):
+        """Returns the rule to apply to this request, or None. ``network_only``:
+        rules that answer with a status are passed over (and not counted)."""
         stamp, rules = self._watcher.get()
         for index, rule in enumerate(rules):
             if not rule.matches(method, path):
+                continue
+            if network_only and rule.status is not None:
                 continue
             if (rule.probability is not None
                     and random.random() >= rule.probability):
@@ -409,6 +412,11 @@ class CsspAuth(object):
 
     def __call__(self, env, start_response):
         if self.pass_other_auth and other_credentials(env):
+            # The network faults (stall, drip, reset) apply to other schemes' requests
+            # too, so that a benchmark slows every client alike; statuses stay CSSP's.
+            rule = self._fault(env, env.get('PATH_INFO', ''), network_only=True)
+            if rule is not None:
+                return faulty_body(self.app(env, start_response), rule, self.sleep)
             return self.app(env, start_response)
         try:
             credential = self._authenticate(env)
@@ -424,14 +432,7 @@ class CsspAuth(object):
 
         faults = None
         if self.faults is not None:
-            try:
-                rule = self.faults.match(
-                    env['REQUEST_METHOD'],
-                    path.encode('latin-1').decode('utf-8', 'replace'))
-            except (OSError, ValueError) as e:
-                self.logger.error('cssp_auth: ignoring fault_file %s: %s',
-                                  self.faults.path, e)
-                rule = None
+            rule = self._fault(env, path)
             if rule is not None and rule.status is not None:
                 self.logger.info('cssp_auth: injecting %d for %s %s',
                                  rule.status, env['REQUEST_METHOD'],
@@ -460,6 +461,19 @@ class CsspAuth(object):
         if faults is not None:
             return faulty_body(self.app(env, start_response), faults, self.sleep)
         return self.app(env, start_response)
+
+    def _fault(self, env, path, network_only=False):
+        """The fault_file rule for this request, or None."""
+        if self.faults is None:
+            return None
+        try:
+            return self.faults.match(
+                env['REQUEST_METHOD'],
+                path.encode('latin-1').decode('utf-8', 'replace'), network_only)
+        except (OSError, ValueError) as e:
+            self.logger.error('cssp_auth: ignoring fault_file %s: %s',
+                              self.faults.path, e)
+            return None
 
     def _authenticate(self, env):
         """Returns the Credential of a correctly signed request.

@@ -520,6 +520,28 @@ class NetworkFaultTests(CsspAuthTestCase):
         self.write_faults('GET status=503,probability=1.0\n')
         self.assertTrue(self.body_of()[0].startswith('503'))
 
+    def test_other_schemes_get_network_faults_but_no_status(self):
+        # A benchmark slows every client alike (bench/compare.sh LATENCY_MS).
+        self.middleware = cssp_auth.CsspAuth(
+            self.app, {'keys_file': self.keys_file, 'fault_file': self.fault_file,
+                       'pass_other_auth': 'true'},
+            clock=lambda: NOW, logger=self.logger, sleep=self.sleeps.append)
+        path = '/v1/AUTH_x/c/k'
+        self.write_faults('GET 503 /nothing-matches\nGET stall=0.02 /c\n')
+
+        def other(path):
+            req = Request.blank(path, headers={'X-Auth-Token': 'AUTH_tk1'})
+            status = []
+            body = b''.join(self.middleware(req.environ, lambda s, h, e=None: status.append(s)))
+            return status[0], body
+
+        self.assertEqual(other(path), ('200 OK', b'0123456789'))
+        self.assertEqual(self.sleeps, [0.02])
+        self.write_faults('GET status=503,times=1 /c\n')
+        self.assertTrue(other(path)[0].startswith('200'))
+        # Not counted either: the CSSP client still gets its one 503.
+        self.assertTrue(self.body_of()[0].startswith('503'))
+
     def test_bad_forms_are_refused(self):
         for line in ('GET stall-after=3', 'GET status=503,drip=1',
                      'GET bogus=1', 'GET reset-after=', 'GET status=999'):
