@@ -12,7 +12,9 @@ import ObjectStore
 ///    the listing started replaces what it says of the name (it may predate the change); one
 ///    made before only adds a name the listing lacks (a container listing lags behind the
 ///    writes it follows), since what the listing shows of it may be another client's newer
-///    version. Only a listing that started before a change no longer journaled is refused, and
+///    version. A change before it that the listing already shows (the name there, or gone)
+///    leaves the journal: the store caught up, and a later listing that differs shows another
+///    client's change. Only a listing that started before a change no longer journaled is refused, and
 ///    one older than the listing remembered already. Creates from several processes in one
 ///    directory then keep one listing current instead of listing the directory for each name.
 /// 3. A directory that is renamed, removed or forgotten loses its listing and journal (`drop`),
@@ -71,6 +73,12 @@ struct DirectoryCache {
         return number
     }
 
+    /// Reserves `number`, a node's that readdir showed, for `name`: if the node goes before a
+    /// lookup, the node that lookup makes takes the number.
+    mutating func reserve(_ directory: InodeNumber, _ name: String, _ number: InodeNumber) {
+        reserved[directory, default: [:]][name.exact] = number
+    }
+
     /// Takes the number reserved for `name`, if any: a node is being made for it, which owns the
     /// number from now on.
     mutating func takeReservation(_ directory: InodeNumber, _ name: String) -> InodeNumber? {
@@ -96,22 +104,37 @@ struct DirectoryCache {
     /// changes journaled here applied (rule 2). Remembered unless a change made after it
     /// started is no longer journaled, or the listing remembered already is newer; returns the
     /// entries and whether they were remembered.
+    /// `current(name)`: what this mount knows of a name now (its node), which describes a name
+    /// made before the listing started better than the journal's entry (another client may have
+    /// written it since, and this mount read that).
     mutating func remember(
-        _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64
+        _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64,
+        current: (ExactString) -> DirectoryEntry? = { _ in nil }
     ) -> (entries: EntryTable, remembered: Bool) {
         prune(directory, now: now)
         var table = entries
         let journal = journals[directory] ?? []
         // Names as changes made before the listing started left them: the listing shows each,
-        // in that version or a newer one another client wrote, unless it lags behind.
+        // in that version or a newer one another client wrote, unless it lags behind: then a
+        // name made here is added, and one removed here is taken out.
         var before: [ExactString: DirectoryEntry?] = [:]
         for change in journal where change.count <= startedAt { before[change.name] = change.entry }
-        for case let (name, entry?) in before where table[name] == nil { table[name] = entry }
+        for (name, entry) in before {
+            if let entry {
+                if table[name] == nil { table[name] = current(name) ?? entry }
+            } else if table[name] != nil {
+                table[name] = nil
+            }
+        }
         for change in journal where change.count > startedAt { table[change.name] = change.entry }
         guard startedAt >= forgottenUpTo[directory] ?? 0, askedAt >= listings[directory]?.askedAt ?? 0 else {
             return (table, false)
         }
         listings[directory] = Listing(entries: table, completedAt: now, askedAt: askedAt)
+        // The listing shows these changes already: they are not applied again (an older listing
+        // still under way is not remembered over this one).
+        let shown = Set(before.compactMap { name, entry in (entry != nil) == (entries[name] != nil) ? name : nil })
+        if !shown.isEmpty { journals[directory]?.removeAll { $0.count <= startedAt && shown.contains($0.name) } }
         return (table, true)
     }
 
@@ -135,6 +158,26 @@ struct DirectoryCache {
         }
     }
 
+    /// Names whose last change made here (still journaled) removed them: a listing that lags
+    /// behind may still show them.
+    func removedHere(_ directory: InodeNumber, now: Double) -> Set<ExactString> {
+        var last: [ExactString: Bool] = [:]
+        for change in journals[directory] ?? [] where now - change.at <= journalSeconds { last[change.name] = change.entry == nil }
+        return Set(last.compactMap { $0.value ? $0.key : nil })
+    }
+
+    /// An operation on `names` in `directory` failed part-way: the store may hold the old state,
+    /// the new one or a mix, so the listing goes and so do those names' journaled changes;
+    /// listings under way are refused. The other names' changes stay journaled.
+    mutating func forget(_ names: [String], in directory: InodeNumber) {
+        let count = changeCount(directory) + 1
+        changes[directory] = count
+        forgottenUpTo[directory] = count
+        let failed = Set(names.map(\.exact))
+        journals[directory]?.removeAll { failed.contains($0.name) }
+        listings[directory] = nil
+    }
+
     /// Forgets the listing of `directory` (renamed, removed, forgotten).
     mutating func drop(_ directory: InodeNumber) {
         forgetChanges(directory)
@@ -152,10 +195,11 @@ struct DirectoryCache {
         forgottenUpTo[directory] = count
     }
 
-    /// Forgets the changes older than `journalSeconds`, and those beyond `journalLimit`.
+    /// Forgets the changes older than `journalSeconds`, and those beyond `journalLimit` (once a
+    /// quarter more have come: a full journal is not copied at every change).
     private mutating func prune(_ directory: InodeNumber, now: Double) {
         guard let journal = journals[directory], let first = journal.first,
-            now - first.at > journalSeconds || journal.count > Self.journalLimit
+            now - first.at > journalSeconds || journal.count > Self.journalLimit * 5 / 4
         else { return }
         let kept = journal.drop { now - $0.at > journalSeconds }.suffix(Self.journalLimit)
         if let last = journal[..<kept.startIndex].last { forgottenUpTo[directory] = last.count }

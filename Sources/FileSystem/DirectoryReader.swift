@@ -40,7 +40,15 @@ final class DirectoryReader: Sendable {
     /// listing's): what it says of a node counts as asked then (the attribute rule, `Node+Merge`).
     let askedAt: UInt64
 
-    init(store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, startedAt: UInt64, askedAt: UInt64) {
+    /// Names this mount removed lately (DirectoryCache rule 2), not shown if a lagging listing
+    /// still has them.
+    private let removedHere: Set<ExactString>
+
+    init(
+        store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, removedHere: Set<ExactString> = [],
+        startedAt: UInt64, askedAt: UInt64
+    ) {
+        self.removedHere = removedHere
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.store = store
@@ -56,6 +64,7 @@ final class DirectoryReader: Sendable {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.store = nil
+        self.removedHere = []
         self.pageSize = 0
         self.hidden = nil
         self.prefix = prefix
@@ -79,7 +88,9 @@ final class DirectoryReader: Sendable {
             }
             var next = builder
             let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
-            var resolved = ready.filter { entry in hidden.map { !entry.name.isSameKey(as: $0) } ?? true }
+            var resolved = ready.filter { entry in
+                hidden.map { !entry.name.isSameKey(as: $0) } ?? true && !removedHere.contains(entry.name.exact)
+            }
             var aliases: [DirectoryEntry] = []
             for collision in collisions {
                 let resolution = try filesystem.resolve(collision, prefix: prefix)

@@ -84,7 +84,13 @@ extension Filesystem {
                 let (contentType, metadata) = storedForm(of: node, over: info)
                 try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
             } catch where error.code == .notFound {
-                // Deleted by another client: nothing to store them on.
+                // Deleted by another client: nothing to store them on, and the name is gone (not
+                // journaled as this mount's entry, which later listings would show again).
+                state.withLock { s in
+                    guard s.inodes.child(node.parent, node.name)?.inode == inode, s.openFiles[inode] == nil else { return }
+                    s.inodes.unhook(parent: node.parent, name: node.name)
+                    s.directories.forget([node.name], in: node.parent)
+                }
             } catch {
                 throw FSError(storeError: error, operation: "set attributes of", path: node.key)
             }

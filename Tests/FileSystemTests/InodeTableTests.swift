@@ -181,6 +181,40 @@ struct DirectoryCacheTests {
         #expect(remembered && table["f".exact]?.etag == "theirs")
     }
 
+    /// A change a listing already shows is not applied again: a later listing without the name
+    /// shows another client's delete (reference model seed 1189), not a listing that lags.
+    @Test func aChangeTheListingShowsLeavesTheJournal() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        cache.record(7, name: "f", entry: entry("f"), now: 10)
+        let shown = cache.remember(EntryTable([entry("f")]), for: 7, now: 11, startedAt: cache.changeCount(7), askedAt: 1)
+        #expect(shown.remembered && shown.entries["f".exact] != nil)
+        let later = cache.remember(EntryTable([]), for: 7, now: 12, startedAt: cache.changeCount(7), askedAt: 2)
+        #expect(later.remembered && later.entries["f".exact] == nil)
+        // One that lags still gets the name made here.
+        cache.record(7, name: "g", entry: entry("g"), now: 13)
+        let lagging = cache.remember(EntryTable([]), for: 7, now: 13, startedAt: cache.changeCount(7), askedAt: 3)
+        #expect(lagging.entries["g".exact] != nil)
+    }
+
+    /// A failed operation on one name forgets the listing and that name's changes, not the
+    /// others' (they keep lagging listings honest), and refuses listings under way.
+    @Test func aFailureForgetsOnlyTheNamesItTouched() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        let started = cache.changeCount(7)
+        cache.record(7, name: "made", entry: entry("made"), now: 10)
+        cache.record(7, name: "failed", entry: entry("failed"), now: 10)
+        cache.forget(["failed"], in: 7)
+        #expect(!cache.remember(EntryTable([]), for: 7, now: 11, startedAt: started, askedAt: 1).remembered)
+        let (table, remembered) = cache.remember(EntryTable([]), for: 7, now: 11, startedAt: cache.changeCount(7), askedAt: 2)
+        #expect(remembered && table["made".exact] != nil && table["failed".exact] == nil)
+        // A name removed here that a lagging listing still shows is taken out.
+        cache.record(7, name: "gone", entry: nil, now: 12)
+        let lagging = cache.remember(EntryTable([entry("gone")]), for: 7, now: 12, startedAt: cache.changeCount(7), askedAt: 3)
+        #expect(lagging.remembered && lagging.entries["gone".exact] == nil)
+        #expect(cache.removedHere(7, now: 12) == ["gone".exact])
+        #expect(cache.removedHere(7, now: 20).isEmpty, "beyond journalSeconds")
+    }
+
     /// A journal is kept for `journalSeconds`, also in a directory nobody changes or lists
     /// again: changes elsewhere prune it (an rsync of many directories holds no journal of them
     /// all).

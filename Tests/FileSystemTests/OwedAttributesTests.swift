@@ -115,6 +115,30 @@ struct OwedAttributesTests {
         #expect(try fs.getattr(file.inode).permissions == 0o644)
     }
 
+    /// Reference model seed 1189: the owed chmod of a file another client deleted found no
+    /// object, and settling it journaled the file's entry as this mount's: listings within the
+    /// journal's time showed the deleted name again.
+    @Test func anOwedChangeOfAFileDeletedElsewhereDoesNotBringItsNameBack() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let file = try fs.storeFile(root, "f", Array("mine".utf8))
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        try store.delete(key: "f")
+        clock.advance(10)
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.object("f") == nil)
+        var names: [String] = []
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        try fs.readdir(root, handle: handle, offset: 0) { name, _, _, _ in
+            names.append(name)
+            return true
+        }
+        #expect(names.filter { $0 != "." && $0 != ".." } == [])
+        #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
+    }
+
     @Test func aLaterMountStoresTheOwedChangeFromItsNote() throws {
         let store = FakeObjectStore()
         let first = makeFilesystem(store)
