@@ -84,8 +84,14 @@ extension Filesystem {
             if let existing = s.openFiles[inode], existing.state.withLock({ $0.attach(writable: writable) }) {
                 return existing
             }
-            guard s.inodes[inode] != nil else { return nil }
-            _ = open.state.withLock { $0.attach(writable: writable) }
+            guard let current = s.inodes[inode] else { return nil }
+            _ = open.state.withLock { o in
+                // O_TRUNC: the version these bytes replace is the one the node names now, not when
+                // this open began (a write-back upload may have stored a newer one meanwhile; an
+                // older base would send the next upload to a conflict copy). A download knows its own.
+                if truncate { o.baseETag = current.etag }
+                return o.attach(writable: writable)
+            }
             s.openFiles[inode] = open
             s.inodes.pin(inode)
             s.inodes.update(inode) { $0.localVersion += 1 }
@@ -199,6 +205,8 @@ extension Filesystem {
     /// Where a read of an open handle is served from, decided under one lock.
     private enum ReadSource {
         case spool(SpoolFile)
+        /// Another handle's spool, held like a reader for this read (it may retire meanwhile).
+        case heldSpool(SpoolFile)
         case reader(FileReader, InodeNumber)
         /// The handle's reader is for another version or key: one for the node as it is now.
         case newReader(Node)
@@ -216,7 +224,9 @@ extension Filesystem {
             case nil: return nil
             case .spool(let open, _)?: return .spool(open)
             case .remote(let reader, let inode, let version)?:
-                if let spool = s.openFiles[inode] { return .spool(spool) }
+                if let spool = s.openFiles[inode], spool.state.withLock({ $0.attach(writable: false) }) {
+                    return .heldSpool(spool)
+                }
                 guard let node = s.inodes[inode],
                     node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key))
                 else { return .reader(reader, inode) }
@@ -226,6 +236,9 @@ extension Filesystem {
         switch source {
         case nil: throw FSError(.invalidArgument, "unknown file handle \(number)")
         case .spool(let open)?: try open.read(offset: offset, length: length, reply: reply)
+        case .heldSpool(let open)?:
+            defer { detach(open, writable: false) }
+            try open.read(offset: offset, length: length, reply: reply)
         case .reader(let reader, let inode)?:
             try read(reader, handle: number, inode: inode, offset: offset, length: length, reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
@@ -339,7 +352,11 @@ extension Filesystem {
     /// flush (each close of a descriptor) and fsync: store the file if it changed.
     public func flush(handle number: UInt64) throws(FSError) {
         guard case .spool(let open, let writable) = try handle(number), writable else { return }
-        try commit(open)
+        if configuration.writeBack {
+            try queueUpload(open)
+        } else {
+            try commit(open)
+        }
     }
 
     /// fsync: like flush, and the file's owed attributes are stored too (a handle that does not
@@ -441,7 +458,7 @@ extension Filesystem {
     }
 
     /// Carries out what the spool's state machine decided after a failed upload.
-    private func afterFailure(_ open: SpoolFile, _ decision: SpoolState.Failure, error: FSError) {
+    func afterFailure(_ open: SpoolFile, _ decision: SpoolState.Failure, error: FSError) {
         switch decision {
         case .keep: break
         case .retire: retire(open)
@@ -467,17 +484,19 @@ extension Filesystem {
             // Owed with no handle (a retry is scheduled), and owed with a handle still open (its
             // next close would try again; before an unmount through the helper, try now).
             let owedInodes = transfers.owedInodes
-            let (due, held): ([SpoolFile], [SpoolFile]) = state.withLock { s in
+            let (due, queued, held): ([SpoolFile], [SpoolFile], [SpoolFile]) = state.withLock { s in
                 let due = s.openFiles.values.filter { open in open.state.withLock { $0.retryIsDue() } }
+                // Write-back: the queue's uploads, at once.
+                let queued = s.openFiles.values.filter { open in open.state.withLock { $0.isQueued && $0.isIdle } }
                 let held = owedInodes.compactMap { s.openFiles[$0] }.filter { open in
                     open.state.withLock { !$0.retryIsDue() && !$0.isIdle }
                 }
-                return (due, held)
+                return (due, queued, held)
             }
             // Attribute changes wait for nothing now (they are not stored after the drain).
             let attributes = storeOwedAttributes()
             let running = transfers.running, owed = transfers.owed
-            if due.isEmpty && running.isEmpty && owed.isEmpty && attributes.isEmpty { return [] }
+            if due.isEmpty && queued.isEmpty && running.isEmpty && owed.isEmpty && attributes.isEmpty { return [] }
             let left = deadline - Transfers.monotonic()
             if left <= 0 { return owed.map(\.key) + attributes.map { "attributes of \($0)" } }
             let waiting = "waiting up to \(Int(left.rounded(.up))) s (drain_timeout) for \(running.count) upload(s) in progress "
@@ -489,6 +508,7 @@ extension Filesystem {
                 lastReport = waiting
             }
             for open in due { retryUpload(open) }
+            for open in queued { uploadQueued(open) }
             for open in held { try? commit(open) }
             usleep(UInt32(min(pause, max(left, 0.01)) * 1_000_000))
             pause = min(pause * 2, 5)
@@ -510,18 +530,9 @@ extension Filesystem {
     /// Journals an owed upload: the note beside the spool names the key and how to store it, so
     /// that a later mount stores it if this one cannot. Written before the writer hears of the
     /// failure.
-    private func writeNote(_ open: SpoolFile, for node: Node) {
-        let (contentType, metadata) = storedForm(of: node)
-        let base = open.state.withLock { $0.baseETag }
-        Spool.writePendingNote(
-            dataPath: open.path,
-            upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base))
-    }
-
-    /// Rewrites the note of an owed spool with the node's attributes as they are now.
-    private func renewNote(_ open: SpoolFile) {
-        guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
-        writeNote(open, for: node)
+    /// Rewrites the note of an owed spool with the node's name and attributes as they are now.
+    func renewNote(_ open: SpoolFile) {
+        journal(open)
     }
 
     /// Where an owed upload of bytes that replace `base` goes: `key` while the object there is
@@ -571,15 +582,20 @@ extension Filesystem {
         syncAttributeNote(open.inode)
     }
 
+    /// A failed write to the spool (a full `cache_dir`) is reported at every flush: its bytes are
+    /// not what the application wrote, so they are never stored.
+    static func requireNoWriteFailure(_ snapshot: SpoolState) throws(FSError) {
+        guard let failure = snapshot.writeFailure, snapshot.dataDirty, !snapshot.isRemoved else { return }
+        throw FSError(
+            failure.code,
+            "a write to the cache failed earlier (\(failure.message)): the file is not stored, the previous "
+                + "version stays, and the bytes written are kept in lost+found/ at the last close")
+    }
+
     /// `commit`, for a caller that holds the spool's upload lock.
     func commitLocked(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
         let snapshot = open.state.withLock { $0 }
-        if let failure = snapshot.writeFailure, snapshot.dataDirty, !snapshot.isRemoved {
-            throw FSError(
-                failure.code,
-                "a write to the cache failed earlier (\(failure.message)): the file is not stored, the previous "
-                    + "version stays, and the bytes written are kept in lost+found/ at the last close")
-        }
+        try Self.requireNoWriteFailure(snapshot)
         if !snapshot.needsUpload { return }
         guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
         if owed && snapshot.dataDirty {
@@ -623,28 +639,37 @@ extension Filesystem {
         } catch {
             throw failedUpload(open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload", path: node.key))
         }
-        Spool.removeNote(dataPath: open.path)
         transfers.clearOwed(open.inode)
-        _ = open.state.withLock { o in
-            if snapshot.dataDirty { o.baseETag = etag }
-            return o.uploaded(generation: snapshot.generation)
-        }
         // The upload stored the node's attributes as they were when it started.
         settleAttributes(open.inode, storedAt: node.attributeVersion)
         let stored = storeClock.tick()
-        state.withLock { s in
-            let updated = s.inodes.update(open.inode) { current in
-                current.acknowledge(at: stored)
-                current.size = snapshot.size
-                current.etag = etag
-                current.manifest = manifest
-                current.confirmedAt = now()
-                current.metadataKnownAt = current.confirmedAt
-                current.cachedEtag = etag
-                current.lastModified = Timestamp.now()
-                if snapshot.dataDirty { current.localVersion += 1 }
+        // The spool turns clean, the node describes what was stored and the note goes, in one
+        // step: a write-back flush or a retire in between would otherwise see a clean spool
+        // beside a node that still describes the old version, and a crash would find a note
+        // whose base is not on the server any more.
+        open.noteLock.withLock { _ in
+            let stillOwed: Bool = state.withLock { s in
+                let stillOwed = open.state.withLock { o in
+                    if snapshot.dataDirty { o.baseETag = etag }
+                    _ = o.uploaded(generation: snapshot.generation)
+                    return o.needsUpload
+                }
+                let updated = s.inodes.update(open.inode) { current in
+                    current.acknowledge(at: stored)
+                    current.size = snapshot.size
+                    current.etag = etag
+                    current.manifest = manifest
+                    current.confirmedAt = now()
+                    current.metadataKnownAt = current.confirmedAt
+                    current.cachedEtag = etag
+                    current.lastModified = Timestamp.now()
+                    if snapshot.dataDirty { current.localVersion += 1 }
+                }
+                if let updated { updateListing(describing: updated, in: &s) }
+                return stillOwed
             }
-            if let updated { updateListing(describing: updated, in: &s) }
+            // Written meanwhile: the note describes the newer bytes over the version just stored.
+            if stillOwed { journalHeld(open) } else { Spool.removeNote(dataPath: open.path) }
         }
         if snapshot.dataDirty {
             seedCache(from: open, generation: snapshot.generation, size: snapshot.size, key: node.key, etag: etag)
@@ -655,7 +680,7 @@ extension Filesystem {
     /// owed, before the writer hears of it. Returns the error to throw.
     private func failedUpload(_ open: SpoolFile, node: Node, size: Int64, _ error: FSError) -> FSError {
         if !open.state.withLock({ $0.isRemoved }) {
-            writeNote(open, for: node)
+            journal(open)
             transfers.recordFailure(open.inode, key: node.key, size: size, error: error.message)
         }
         return error

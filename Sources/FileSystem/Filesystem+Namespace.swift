@@ -51,7 +51,7 @@ extension Filesystem {
         let failedAt = storeClock.tick()
         state.withLock { s in
             for (parent, name) in names {
-                s.directories.drop(parent)
+                s.directories.forget([name], in: parent)
                 guard let node = s.inodes.child(parent, name) else { continue }
                 var pending = [node.inode]
                 while let inode = pending.popLast() {
@@ -287,7 +287,9 @@ extension Filesystem {
             // Holding the file's upload lock: an upload under way ends first, and none starts until
             // the spool is marked removed, so the object cannot reappear after the DELETE.
             try withUploadsHeld(open.map { [$0] } ?? []) { () throws(FSError) in
-                let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty } ?? false
+                // (A queued file renamed over a stored one has an object at its key: the one it
+                // replaces at its upload, `baseETag`.)
+                let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty && $0.baseETag.isEmpty } ?? false
                 forgetPrefetched(keys: [target.key])
                 if !neverStored { try removeObject(target) }
                 if let open { markRemoved(open) }
@@ -311,7 +313,9 @@ extension Filesystem {
     func markRemoved(_ open: SpoolFile) {
         let (early, _) = open.state.withLock { $0.remove() }
         if let early { discard(early) }
-        Spool.removeNote(dataPath: open.path)
+        open.noteLock.withLock { _ in Spool.removeNote(dataPath: open.path) }
+        // Owed no more (failed or queued): not listed while a reader keeps the spool.
+        transfers.clearOwed(open.inode)
     }
 
     /// Deletes a file's object, and its parts when it is a multipart file whose parts are ours.
@@ -506,10 +510,38 @@ extension Filesystem {
         if let replacedSpool { retire(replacedSpool) }
     }
 
+    /// Write-back: a file never stored whose upload is still queued is renamed without a request
+    /// (the queue stores it under its new name), when what it replaces is a plain object or
+    /// nothing. Called holding the spool's upload lock. Returns whether it did.
+    private func renameQueued(
+        _ source: Node, _ spool: SpoolFile, replacing existing: Node?, replacedSpool: SpoolFile?,
+        finish: (inout State) -> Void
+    ) -> Bool {
+        // Nothing stored at the source's key either (a queued file renamed over a stored one
+        // replaces it only at its upload: its old name still holds that object).
+        guard configuration.writeBack, replacedSpool == nil,
+            spool.state.withLock({ $0.isQueued && $0.baseETag.isEmpty }),
+            state.withLock({ $0.inodes[source.inode]?.etag.isEmpty }) == true
+        else { return false }
+        if let existing {
+            // The replaced object stays until the upload overwrites it: the upload checks it is
+            // still that version (a zero-byte object may be a manifest: the usual way then).
+            guard existing.manifest == nil, existing.size > 0, !existing.etag.isEmpty else { return false }
+            spool.state.withLock { $0.baseETag = existing.etag }
+        }
+        state.withLock { s in finish(&s) }
+        renewNote(spool)
+        if let node = state.withLock({ $0.inodes[source.inode] }) { transfers.move(source.inode, to: node.key) }
+        return true
+    }
+
     private func renameFileHeld(
         _ source: Node, to key: String, replacing existing: Node?, sourceSpool: SpoolFile?, replacedSpool: SpoolFile?,
         finish: (inout State) -> Void
     ) throws(FSError) {
+        if let sourceSpool, renameQueued(source, sourceSpool, replacing: existing, replacedSpool: replacedSpool, finish: finish) {
+            return
+        }
         // Unstored changes go first, so the copy carries the latest bytes and attributes.
         if let sourceSpool { try commitLocked(sourceSpool) }
         var oldManifest: String? = nil

@@ -20,6 +20,9 @@ import Glibc
 //      keeps a namespace operation's change of that file from racing its upload. HELD ACROSS
 //      NETWORK I/O on purpose. Several are held at once only by `withUploadsHeld` (rename,
 //      unlink), always in inode order. No attribute lock is taken while one is held.
+//   2b. `SpoolFile.noteLock` (Locked, one per spool): a spool's journal note and what it says
+//      (node, state) written or removed together. HELD ACROSS LOCAL DISK I/O (the note's write
+//      and fsync), never network I/O; takes 3 and 4 inside, never 1 or 2.
 //   3. `state` (Locked<State>): the inode table, directory cache, handles and spools. Never held
 //      across I/O (network, SQLite, spool files) or a FUSE reply.
 //   4. `SpoolFile.state` (Locked): one spool's counters; taken inside `state` (attach, retire) or alone.
@@ -121,7 +124,7 @@ public final class Filesystem: Sendable {
         state = Locked(
             State(
                 inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
-                directories: DirectoryCache(journalSeconds: max(configuration.directoryCacheSeconds, Self.minimumJournalSeconds))))
+                directories: DirectoryCache(journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds))))
         let transfers = self.transfers
         let registry = configuration.metrics.registry
         registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
@@ -131,7 +134,7 @@ public final class Filesystem: Sendable {
         registry.gauge("cssp_upload_bytes_total", help: "Bytes in all of the uploads in progress.") {
             Double(transfers.running.reduce(0) { $0 + $1.total })
         }
-        registry.gauge("cssp_pending_uploads", help: "Uploads that failed and wait for their retry (owed).") {
+        registry.gauge("cssp_pending_uploads", help: "Uploads owed: failed ones waiting for their retry, and write-back files queued.") {
             Double(transfers.owed.count)
         }
     }
@@ -179,8 +182,10 @@ public final class Filesystem: Sendable {
     }
 
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
-        var node = try node(inode)
-        let open = state.withLock { $0.openFiles[inode] }
+        // The node and its spool in one look: a spool retired in between (its upload just stored
+        // the file) would leave a node read before the upload updated it.
+        let (known, open) = state.withLock { s in (s.inodes[inode], s.openFiles[inode]) }
+        guard var node = known else { throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)") }
         if let open {
             node.size = open.size
             return attributes(of: node)
@@ -336,7 +341,9 @@ public final class Filesystem: Sendable {
         switch start {
         case .no: return nil
         case .wait(let running):
-            running.wait()
+            // Bounded: a listing of a huge directory must not hold every FUSE thread; a lookup
+            // that waited long enough asks about its name instead.
+            guard running.wait(timeout: .now() + Self.lookupListingWait) == .success else { return nil }
             return state.withLock { s in
                 s.directories.listing(inode, now: self.now(), maximumAge: configuration.directoryCacheSeconds)
                     .map { ($0.entries, $0.askedAt) }
@@ -360,41 +367,54 @@ public final class Filesystem: Sendable {
     }
 
     static let lookupListingWindow: Double = 30
+    static let lookupListingWait: DispatchTimeInterval = .seconds(2)
     static let lookupListingLimit = 100_000
-    /// Changes made here are applied to the listings that follow for `dir_timeout`, and at least
-    /// this long (container listings lag behind writes; DirectoryCache rule 2).
-    static let minimumJournalSeconds: Double = 2
+    /// Changes made here are applied to the listings that follow for `dir_timeout`, but at least
+    /// 2 s (container listings lag behind writes) and at most 30 (memory; DirectoryCache rule 2).
+    static func journalSeconds(directoryTimeout: Double) -> Double { min(max(directoryTimeout, 2), 30) }
 
     /// Stores a complete listing of directory `inode` that started at change count `startedAt`
     /// and `StoreClock` tick `askedAt`, with this mount's recent changes applied (DirectoryCache
     /// rule 2); returns it as a table.
     @discardableResult
     func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64, askedAt: UInt64) -> EntryTable {
-        let table: EntryTable = state.withLock { s in
-            guard s.inodes[inode] != nil else { return EntryTable(entries) }
-            let (table, remembered) = s.directories.remember(
-                EntryTable(entries), for: inode, now: now(), startedAt: startedAt, askedAt: askedAt)
-            guard remembered else { return table }
-            // Names the server no longer lists are gone (another client removed them), unless
-            // they hold bytes not stored yet.
-            for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
-                s.inodes.unhook(parent: inode, name: name.string)
-            }
-            s.sweep()
-            return table
-        }
+        let table = state.withLock { s in rememberLocked(entries, for: inode, startedAt: startedAt, askedAt: askedAt, in: &s) }
         prefetchMetadata(of: entries, in: inode)
+        return table
+    }
+
+    /// `remember`, under the state lock (the caller prefetches metadata after).
+    func rememberLocked(
+        _ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64, askedAt: UInt64, in s: inout State
+    ) -> EntryTable {
+        guard s.inodes[inode] != nil else { return EntryTable(entries) }
+        let (table, remembered) = s.directories.remember(
+            EntryTable(entries), for: inode, now: now(), startedAt: startedAt, askedAt: askedAt
+        ) { name in
+            // A name made here, which the listing lacks: its node as it is now, if any.
+            guard let node = s.inodes.child(inode, name.string), node.kind != .directory else { return nil }
+            return self.entry(for: node)
+        }
+        guard remembered else { return table }
+        // Names the server no longer lists are gone (another client removed them), unless
+        // they hold bytes not stored yet.
+        for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
+            s.inodes.unhook(parent: inode, name: name.string)
+        }
+        s.sweep()
         return table
     }
 
     /// A reader of the server's listing of `directory`, which starts at change count `startedAt`
     /// (now, when nil).
     func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil) -> DirectoryReader {
-        let startedAt = startedAt ?? state.withLock { $0.directories.changeCount(directory.inode) }
+        let (count, removed) = state.withLock { s in
+            (s.directories.changeCount(directory.inode), s.directories.removedHere(directory.inode, now: now()))
+        }
         return DirectoryReader(
             store: store, prefix: directory.key, pageSize: configuration.listPageSize,
-            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, startedAt: startedAt,
-            askedAt: storeClock.tick())
+            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, removedHere: removed,
+            startedAt: startedAt ?? count, askedAt: storeClock.tick())
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
@@ -546,7 +566,7 @@ public final class Filesystem: Sendable {
             case .listed(let entry, _):
                 let known = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, entry.kind, known, next)
-            case .local(let name, let child): return emit(name, .file, child, next)
+            case .local(let name, let child): return emit(name, .file, shownInode(name, kind: .file, in: inode, local: child), next)
             }
         }
     }
@@ -632,10 +652,17 @@ public final class Filesystem: Sendable {
 
     /// The inode number readdir shows for `name`: its node's, else one reserved for it, which the
     /// node a later lookup makes will take (so that d_ino and st_ino agree).
-    private func shownInode(_ name: String, kind: NodeKind, in directory: InodeNumber) -> InodeNumber {
+    /// `local`: the node of a file being written, which the listing lacks.
+    private func shownInode(_ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil) -> InodeNumber {
         state.withLock { s in
             // A node of another kind is the name's old object: a lookup makes a new one.
-            if let node = s.inodes.child(directory, name), node.kind == kind { return node.inode }
+            if let node = s.inodes.child(directory, name) ?? local.flatMap({ s.inodes[$0] }), node.kind == kind {
+                // One the kernel holds no lookup of may go before the lookup that follows (its
+                // upload ends, the spool retires): the next node for the name takes its number.
+                if node.lookups == 0 { s.directories.reserve(directory, name, node.inode) }
+                return node.inode
+            }
+            if let local { return local }
             return s.directories.reservedInode(directory, name) { s.inodes.reserveInode() }
         }
     }
@@ -647,9 +674,13 @@ public final class Filesystem: Sendable {
     ) {
         guard let entries = reader.completeEntries() else { return }
         let tail = reader.tail { () -> [DirectoryReader.TailItem] in
-            let table =
-                reader.isRemembered ? nil : remember(entries, for: inode, startedAt: reader.startedAt, askedAt: reader.askedAt)
+            defer { if !reader.isRemembered { prefetchMetadata(of: entries, in: inode) } }
+            // One look: a file whose upload ends in between would be neither open nor in the
+            // table (its journaled change may have been forgotten after a failure).
             return state.withLock { s in
+                let table =
+                    reader.isRemembered
+                    ? nil : rememberLocked(entries, for: inode, startedAt: reader.startedAt, askedAt: reader.askedAt, in: &s)
                 // A remembered listing's entries are its table's already.
                 let recorded = table?.addedHere ?? []
                 let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])

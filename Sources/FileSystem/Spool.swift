@@ -96,7 +96,7 @@ final class Spool: Sendable {
         for name in entries(of: directory) {
             let path = directory + "/" + name
             if name.hasSuffix(".data") { data.append(name) }
-            if name.hasSuffix(".pending.new") || name.hasSuffix(attributeNoteSuffix + ".new") {
+            if name.contains(".pending.new") || name.contains(attributeNoteSuffix + ".new") {
                 unlink(path)  // a note never finished
             }
             if name.hasSuffix(".pending") {
@@ -231,7 +231,9 @@ final class Spool: Sendable {
 
     /// Writes the note that marks `dataPath` as an upload still owed (a new file, renamed over
     /// the old note, so that a crash leaves one whole note or the other).
-    static func writePendingNote(dataPath: String, upload: PendingUpload) {
+    /// Journals an owed upload (synced); returns whether the note is written.
+    @discardableResult
+    static func writePendingNote(dataPath: String, upload: PendingUpload) -> Bool {
         writeNote(String(dataPath.dropLast(".data".count)) + ".pending", upload, sync: true)
     }
 
@@ -240,16 +242,18 @@ final class Spool: Sendable {
     /// power cut). Returns whether the note is written.
     @discardableResult
     static func writeNote(_ note: String, _ upload: PendingUpload, sync: Bool) -> Bool {
-        // A fresh file, never one a link points at: a leftover ".new" (a crash) is removed first.
-        unlink(note + ".new")
-        let fd = open(note + ".new", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        // A fresh file, never one a link points at, and one per writer: two threads may journal
+        // one spool at once (a write-back close and a failed upload of the queue); each renames
+        // a whole note over the old one. (Leftovers of a crash are swept at the next mount.)
+        let temporary = note + ".new." + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return false }
         let bytes = upload.encoded
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         let synced = !sync || fsync(fd) == 0
         close(fd)
-        if written == bytes.count && synced && rename(note + ".new", note) == 0 { return true }
-        unlink(note + ".new")
+        if written == bytes.count && synced && rename(temporary, note) == 0 { return true }
+        unlink(temporary)
         return false
     }
 

@@ -14,6 +14,8 @@ import Glibc
 ///
 ///     active --last close, changed--> (upload) --ok--> retired
 ///        |                               `--failed--> pending --retry ok--> retired
+///        |--flush, write-back--> queued --queue: upload ok--> active (retired once idle)
+///        |                          `--upload failed--> pending
 ///        `--unlink / replaced--> removed --last close--> retired
 ///
 /// The note that journals an owed upload is written on every failed upload (before the writer
@@ -24,6 +26,9 @@ struct SpoolState: Equatable {
         case active
         /// An upload failed after the last handle closed: a retry is scheduled (`tries` so far).
         case pending(tries: Int)
+        /// Write-back: a flush journaled the bytes and returned; the queue uploads them
+        /// (docs/writeback-design.md). The last close does not upload.
+        case queued
         /// Unlinked or replaced by a rename: no name leads to it, it is never uploaded again.
         case removed
         /// Dropped by its owner; the spool file is gone. Nothing attaches to it any more.
@@ -55,6 +60,8 @@ struct SpoolState: Equatable {
     /// close keeps the bytes in `lost+found/` and retires the spool. A truncation to 0 starts the
     /// content anew and clears it.
     var writeFailure: FSError? = nil
+    /// A flush came while the spool was queued (see `queue`).
+    private(set) var flushedWhileQueued = false
 
     init(size: Int64, dataDirty: Bool, baseETag: String = "") {
         self.size = size
@@ -105,7 +112,7 @@ struct SpoolState: Equatable {
         guard isIdle else { return .keep }
         if writeFailure != nil && phase != .retired { return .retire }
         switch phase {
-        case .pending: return .journal
+        case .pending, .queued: return .journal
         case .retired: return .keep
         case .removed: return .retire
         case .active: return isDirty ? .upload : .retire
@@ -119,8 +126,29 @@ struct SpoolState: Equatable {
             metadataDirty = false
         }
         if case .pending = phase { phase = .active }
+        if phase == .queued { phase = .active }
         return isIdle && !isDirty && phase == .active
     }
+
+    /// Write-back: a flush journaled changed bytes; the queue owns their upload from now on.
+    /// False when there is nothing to queue, a scheduled retry owns the upload already, or it is
+    /// queued already (an upload under way may store an older generation: `requeue` then).
+    mutating func queue() -> Bool {
+        if phase == .queued { flushedWhileQueued = true }
+        guard needsUpload, phase == .active else { return false }
+        phase = .queued
+        return true
+    }
+
+    /// After the queue's upload: queued again when a flush journaled newer bytes meanwhile.
+    mutating func requeue() -> Bool {
+        guard flushedWhileQueued else { return false }
+        flushedWhileQueued = false
+        return queue()
+    }
+
+    /// Whether the queue's upload of this spool is still to do (not done, removed or failed).
+    var isQueued: Bool { phase == .queued }
 
     enum Failure: Equatable {
         /// Keep the bytes; a handle is still open (its next flush tries again), or a retry is
@@ -138,8 +166,13 @@ struct SpoolState: Equatable {
         case .removed: return isIdle ? .retire : .keep
         case .retired: return .keep
         case .pending: return .keep
-        case .active:
-            guard isIdle else { return .keep }
+        case .active, .queued:
+            flushedWhileQueued = false
+            guard isIdle else {
+                // A handle is open: its next flush queues or uploads again.
+                phase = .active
+                return .keep
+            }
             phase = .pending(tries: 1)
             return .scheduleRetry(tries: 1)
         }
@@ -198,6 +231,11 @@ final class SpoolFile: Sendable {
     let state: Locked<SpoolState>
     /// Serialises uploads of this file (lock 2 of the LOCKING block in Filesystem.swift).
     let uploadLock = SerialLock()
+    /// Serialises writing and removing this spool's note with reading what it says (the node,
+    /// the state): a leaf but for the filesystem's state lock and this spool's state lock, which
+    /// it takes inside. Two threads journaling at once (a release and a rename of a queued file)
+    /// otherwise leave whichever note they wrote last, perhaps under the old name.
+    let noteLock = Locked(0)
 
     init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {
         self.inode = inode

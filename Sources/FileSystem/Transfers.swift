@@ -30,6 +30,8 @@ public final class Transfers: Sendable {
         /// Monotonic seconds (`Transfers.monotonic`) of the next try; nil while a handle is
         /// open (its next flush or close tries again).
         public var nextTry: Double?
+        /// Write-back: journaled at close and waiting in the queue, not failed.
+        public var queued = false
     }
 
     private struct State {
@@ -59,8 +61,20 @@ public final class Transfers: Sendable {
     func recordFailure(_ inode: InodeNumber, key: String, size: Int64, error: String) {
         state.withLock { s in
             let tries = (s.owed[inode]?.tries ?? 0) + 1
-            s.owed[inode] = Owed(key: key, size: size, tries: tries, lastError: error, nextTry: nil)
+            s.owed[inode] = Owed(key: key, size: size, tries: tries, lastError: error, nextTry: nil, queued: false)
         }
+    }
+
+    /// Write-back: the file `inode` was journaled at close; the queue stores it in `delay` s.
+    func recordQueued(_ inode: InodeNumber, key: String, size: Int64, in delay: Double) {
+        state.withLock { s in
+            s.owed[inode] = Owed(key: key, size: size, tries: 0, lastError: "", nextTry: Self.monotonic() + delay, queued: true)
+        }
+    }
+
+    /// The owed upload of `inode` goes to `key` now (a rename of a queued file).
+    func move(_ inode: InodeNumber, to key: String) {
+        state.withLock { s in s.owed[inode]?.key = key }
     }
 
     /// The owed upload of `inode` is tried again in `delay` seconds.
@@ -98,7 +112,12 @@ public final class Transfers: Sendable {
                 + "\(Self.bytes(Int64(Double(upload.done) / seconds)))/s for \(Self.seconds(seconds))\n"
         }
         out += "uploads owed: \(owed.count)\n"
-        for upload in owed {
+        for upload in owed where upload.queued {
+            let due = (upload.nextTry ?? now) - now
+            out += "  \(upload.key): \(Self.bytes(upload.size)), queued (write-back), "
+                + (due > 0 ? "stored in \(Self.seconds(due))\n" : "being stored\n")
+        }
+        for upload in owed where !upload.queued {
             let next: String
             if let at = upload.nextTry {
                 next = at > now ? "next in \(Self.seconds(at - now))" : "retrying now"

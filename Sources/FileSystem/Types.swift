@@ -136,6 +136,12 @@ public struct FilesystemConfiguration: Sendable {
     /// Seconds a chmod, chown or utimes of a closed file waits for a rename or upload to carry it
     /// before it is POSTed on its own (0: POSTed at once). See `Filesystem+Attributes`.
     public var attributeWriteDelay: Double = 1
+    /// Write-back (`-o writeback`): a close journals the file's bytes on the local disk and
+    /// returns; a background queue stores them (docs/writeback-design.md). fsync still waits.
+    public var writeBack = false
+    /// Seconds a closed file waits in the write-back queue before its upload starts, so that a
+    /// rename right after the close (rsync's temporary name) costs no request.
+    public var writeBackDelay: Double = 1
     /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).
     public var pendingRetrySeconds: Double = 2
     /// The clock cache ages are measured on, in seconds (nil: the monotonic clock). Tests set it

@@ -246,6 +246,8 @@ enum MountCommand {
         fsConfiguration.directoryCacheSeconds = options.directoryTimeout
         fsConfiguration.attributeCacheSeconds = options.attributeTimeout
         fsConfiguration.attributeWriteDelay = options.attributeWriteDelay
+        fsConfiguration.writeBack = options.writeBack
+        fsConfiguration.writeBackDelay = options.writeBackDelay
         fsConfiguration.directoryTime = Timestamp.now()
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
         fsConfiguration.memoryBudget = MemoryBudget(limit: Int64(options.memoryMiB) << 20)

@@ -43,6 +43,9 @@ public struct MountOptions: Sendable, Equatable {
     /// Seconds an unmount waits for uploads in progress and retries owed ones before the daemon
     /// exits (what is still owed stays journaled for the next mount).
     public var drainTimeout = 120
+    /// Write-back: a close journals the file locally and returns; a queue stores it.
+    public var writeBack = false
+    public var writeBackDelay = 1.0
     /// `-o log_level`: error, warn, notice (the default), info or debug; nil when not given.
     public var logLevel: String? = nil
     /// Listed entries HEADed in the background per listing (0: none).
@@ -288,6 +291,8 @@ public enum Arguments {
         case "readahead_mb": options.readAheadMiB = try integer(0...1024)
         case "memory_mb": options.memoryMiB = try integer(8...65_536)
         case "drain_timeout": options.drainTimeout = try integer(0...86_400)
+        case "writeback": options.writeBack = true
+        case "writeback_delay": options.writeBackDelay = try seconds()
         case "log_level":
             let level = try needValue()
             guard ["error", "warn", "notice", "info", "debug"].contains(level) else {
@@ -368,6 +373,10 @@ public enum Arguments {
                                  (default 1; 0 = at once)
           drain_timeout=S        at unmount, wait this long for uploads in progress and owed
                                  (default 120); what is left stays journaled for the next mount
+          writeback              close returns once the file is journaled on the local disk; a
+                                 queue stores it (off by default; fsync and unmount still wait)
+          writeback_delay=S      seconds a closed file waits in that queue, so that a rename
+                                 right after the close costs no request (default 1)
           max_threads=N          FUSE worker threads (default 16)
           retries=N              retries of a failed idempotent request (default 6)
           connect_timeout=S      seconds to connect (default 10)

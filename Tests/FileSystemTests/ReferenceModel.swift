@@ -243,6 +243,13 @@ final class ReferenceModelRun {
             configuration.partSize = 16
         }
         configuration.metadataPrefetchLimit = Bool.random(using: &random) ? 0 : 100
+        // Two seeds in five write back (issue 20): closes journal and return; the queue never
+        // runs (delay an hour: fsync, renames and the next mount's recovery store files) or
+        // runs at once, beside the operations.
+        if seed % 5 == 1 || seed % 5 == 3 {
+            configuration.writeBack = true
+            configuration.writeBackDelay = seed % 5 == 1 ? 3600 : 0
+        }
         // A third of the runs keep no listing and trust no attribute (dir_timeout=0,
         // attr_timeout=0); the rest use the defaults, whose remembered answers the rule governs.
         if seed % 3 == 2 {
@@ -435,6 +442,9 @@ final class ReferenceModelRun {
         trace.append("  close handle \(handle.number)")
         if handle.writable { _ = try expect(nil, "close (flush) of handle \(handle.number)") { () throws(FSError) in try kernel.fs.flush(handle: handle.number) } }
         kernel.fs.release(handle: handle.number)
+        // Write-back: queued until the queue, an fsync or the next mount stores it; another
+        // client leaves it alone, as it does an owed upload.
+        if configuration.writeBack && handle.writable { owed.append(handle.object) }
     }
 
     func writeThroughHandle() throws {

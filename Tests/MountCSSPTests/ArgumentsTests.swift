@@ -44,6 +44,14 @@ struct ArgumentsTests {
         #expect(try options(["http://h/c", "/m", "-o", "meta_prefetch=0"]).metadataPrefetch == 0)
     }
 
+    @Test func writeBackIsOffUntilAsked() throws {
+        let plain = try options(["http://h/c", "/m"])
+        #expect(!plain.writeBack && plain.writeBackDelay == 1)
+        let o = try options(["http://h/c", "/m", "-o", "writeback,writeback_delay=0.5"])
+        #expect(o.writeBack && o.writeBackDelay == 0.5)
+        #expect(throws: ConfigurationError.self) { try options(["http://h/c", "/m", "-o", "writeback_delay=soon"]) }
+    }
+
     /// Relative paths are the caller's: the daemon's directory becomes `/` once it detaches.
     @Test func relativePathsAreResolvedAgainstTheCurrentDirectory() throws {
         guard case .mount(let o) = try Arguments.parse(

@@ -1,0 +1,96 @@
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Write-back (`-o writeback`; docs/writeback-design.md, step 1). A close (flush) makes the
+/// file's bytes and its journal note durable on the local disk and returns; the queue stores the
+/// file `writeBackDelay` seconds later, on the background pool. Until then the spool is the
+/// file: reads, listings and `stat` show it, and a later mount stores what the note says if
+/// this one dies. `fsync(2)` and the drain at unmount upload at once, as without write-back.
+///
+/// Subtleties:
+/// 1. The release after the close does not upload (`SpoolState.queued` makes it `.journal`).
+/// 2. A file this mount made (no version of it stored before, an empty `baseETag`) is stored as
+///    at a close: one PUT. One that replaces a stored version is checked first, as an owed upload
+///    is, and goes to a conflict copy if another client changed the object meanwhile.
+/// 3. A rename of a queued file never stored moves the node and rewrites the note: no request;
+///    the queue stores it under its last name (`Filesystem+Namespace.renameFileHeld`). An unlink
+///    of one removes the note: no request either.
+/// 4. A flush while the queue's upload runs leaves newer bytes: `SpoolState.requeue` queues the
+///    spool again once that upload ends.
+extension Filesystem {
+    /// The flush of a write-back mount: journals the spool's bytes (fdatasync, then a synced
+    /// note) and queues their upload. Fails, with nothing queued, when the bytes or the note
+    /// cannot be made durable; reports a failed write to the spool as `commit` does.
+    func queueUpload(_ open: SpoolFile) throws(FSError) {
+        let snapshot = open.state.withLock { $0 }
+        try Self.requireNoWriteFailure(snapshot)
+        guard snapshot.needsUpload, let node = state.withLock({ $0.inodes[open.inode] }) else { return }
+        try open.usingDescriptor { (fd) throws(FSError) in
+            guard fdatasync(fd) == 0 else {
+                throw FSError(.ioError, "cannot sync \(open.path) for write-back: \(String(cString: strerror(errno)))")
+            }
+        }
+        guard journal(open) else {
+            // Stored meanwhile (the queue's upload of an earlier flush took these bytes too), or
+            // removed: nothing to queue.
+            if !open.state.withLock({ $0.needsUpload }) { return }
+            throw FSError(.ioError, "cannot journal '\(node.key)' for write-back in \(open.path): the file is not queued")
+        }
+        guard open.state.withLock({ $0.queue() }) else { return }
+        transfers.recordQueued(open.inode, key: node.key, size: snapshot.size, in: configuration.writeBackDelay)
+        scheduleQueuedUpload(open, after: configuration.writeBackDelay)
+    }
+
+    func scheduleQueuedUpload(_ open: SpoolFile, after delay: Double) {
+        pool.submit(after: delay) { [self] in uploadQueued(open) }
+    }
+
+    /// The queue's job for one spool: stores it unless an fsync, the drain, a rename or an
+    /// unlink dealt with it first.
+    func uploadQueued(_ open: SpoolFile) {
+        guard open.state.withLock({ $0.isQueued }) else { return }
+        let base = open.state.withLock { $0.baseETag }
+        do {
+            try commit(open, owed: !base.isEmpty)
+        } catch {
+            logger.warning(
+                "write-back of \(open.path) failed, retrying later: \(error.message)",
+                metadata: logFields(error, operation: "write-back"))
+            afterFailure(open, open.state.withLock { $0.uploadFailed() }, error: error)
+            return
+        }
+        if open.state.withLock({ $0.requeue() }) {
+            // Flushed again during the upload: queued again (the upload left the note naming
+            // the version it stored as the base).
+            if let node = state.withLock({ $0.inodes[open.inode] }) {
+                transfers.recordQueued(open.inode, key: node.key, size: open.size, in: 0)
+            }
+            scheduleQueuedUpload(open, after: 0)
+            return
+        }
+        retire(open)
+    }
+
+    /// Writes `open`'s note, synced, from its node as it is now: what a later mount stores if
+    /// this one cannot. Only while an upload is owed (not after it was stored or the file was
+    /// removed); returns whether a note was written.
+    @discardableResult
+    func journal(_ open: SpoolFile) -> Bool {
+        open.noteLock.withLock { _ in journalHeld(open) }
+    }
+
+    /// `journal`, for a caller that holds the spool's `noteLock`.
+    @discardableResult
+    func journalHeld(_ open: SpoolFile) -> Bool {
+        guard let node = state.withLock({ $0.inodes[open.inode] }) else { return false }
+        let (owed, base) = open.state.withLock { ($0.needsUpload, $0.baseETag) }
+        guard owed else { return false }
+        let (contentType, metadata) = storedForm(of: node)
+        return Spool.writePendingNote(
+            dataPath: open.path,
+            upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base))
+    }
+}

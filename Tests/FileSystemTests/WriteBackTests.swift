@@ -1,0 +1,216 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// Write-back (`-o writeback`, docs/writeback-design.md step 1): a close journals the file and
+/// returns; the queue stores it. `writeBackDelay` is an hour here, so that nothing is stored
+/// until a test lets the queue run (`drain`, as an unmount does) or calls fsync.
+struct WriteBackTests {
+    let caller = Caller(uid: 1000, gid: 100)
+    let root = Filesystem.rootInode
+
+    func makeFilesystem(_ store: any ObjectStore, spool: String? = nil) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.writeBack = true
+        configuration.writeBackDelay = 3600
+        configuration.pendingRetrySeconds = 3600
+        configuration.spoolDirectory = spool ?? NSTemporaryDirectory() + "cssp-writeback-spool-" + UUID().uuidString
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    /// create, write, close (flush and release): returns with nothing sent.
+    func writeFile(_ fs: Filesystem, _ parent: InodeNumber, _ name: String, _ text: String) throws -> Attributes {
+        let (attributes, opened) = try fs.create(parent: parent, name: name, mode: 0o644, caller: caller)
+        try Array(text.utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        return attributes
+    }
+
+    func drain(_ fs: Filesystem) {
+        #expect(fs.drain(timeout: 10) { _ in }.isEmpty)
+    }
+
+    @Test func aCloseReturnsBeforeTheUploadAndTheMountShowsTheFile() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try writeFile(fs, root, "f", "queued bytes")
+        #expect(store.counts.put == 0)
+        #expect(try fs.getattr(f.inode).size == 12)
+        #expect(try fs.lookup(parent: root, name: "f").inode == f.inode)
+        let opened = try fs.open(f.inode, writable: false, truncate: false)
+        #expect(try fs.readBytes(opened.handle, offset: 0, length: 100) == Array("queued bytes".utf8))
+        fs.release(handle: opened.handle)
+        #expect(fs.transfers.report().contains("f: 12 B, queued (write-back)"))
+        drain(fs)
+        #expect(store.object("f")?.bytes == Array("queued bytes".utf8))
+        #expect(store.counts.put == 1)
+        #expect(fs.transfers.owed.isEmpty)
+    }
+
+    /// rsync's pattern: a temporary name, written, closed, renamed over the final one. Stored once,
+    /// under the final name: one PUT, no COPY, no DELETE.
+    @Test func aQueuedFileRenamedBeforeItsTurnIsStoredOnceUnderItsLastName() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let temporary = try writeFile(fs, root, ".f.XXXXXX", "rsync's bytes")
+        _ = try fs.setattr(temporary.inode, AttributeChanges(mode: 0o600))
+        try fs.rename(parent: root, name: ".f.XXXXXX", newParent: root, newName: "f", noReplace: false)
+        #expect(store.counts.put == 0 && store.counts.copy == 0, "nothing sent for the close and the rename")
+        drain(fs)
+        #expect(store.keys == ["f"])
+        #expect(store.object("f")?.metadata["mode"] == "0600")
+        let counts = store.counts
+        #expect(counts.put == 1 && counts.copy == 0 && counts.delete == 0 && counts.post == 0, "\(counts)")
+    }
+
+    /// A file created and removed before its turn costs nothing.
+    @Test func aQueuedFileUnlinkedBeforeItsTurnIsNeverSent() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try writeFile(fs, root, "scratch", "gone soon")
+        try fs.unlink(parent: root, name: "scratch")
+        drain(fs)
+        #expect(store.keys.isEmpty)
+        let counts = store.counts
+        #expect(counts.put == 0 && counts.delete == 0 && counts.post == 0, "\(counts)")
+    }
+
+    /// rsync's way over a stored "f": ".f.tmp" written (queued), then renamed over "f".
+    func renameQueuedFileOverStoredOne(_ store: FakeObjectStore) throws -> Filesystem {
+        store.seed("f", text: "the old version")
+        let fs = makeFilesystem(store)
+        _ = try fs.lookup(parent: root, name: "f")
+        _ = try writeFile(fs, root, ".f.tmp", "the new one")
+        try fs.rename(parent: root, name: ".f.tmp", newParent: root, newName: "f", noReplace: false)
+        return fs
+    }
+
+    /// A queued file renamed over a stored one replaces it, at the upload, with no conflict copy.
+    @Test func aQueuedFileRenamedOverAStoredOneReplacesIt() throws {
+        let store = FakeObjectStore()
+        let fs = try renameQueuedFileOverStoredOne(store)
+        defer { fs.shutdown() }
+        #expect(store.object("f")?.bytes == Array("the old version".utf8), "until its turn")
+        drain(fs)
+        #expect(store.keys == ["f"])
+        #expect(store.object("f")?.bytes == Array("the new one".utf8))
+    }
+
+    /// A queued file renamed over a stored one, then unlinked or renamed on: the object it was
+    /// to replace goes too (the core model, seed 36: the old object stayed under the name).
+    @Test func aQueuedFileThatReplacedAStoredOneTakesItAlongWhenItGoes() throws {
+        for renamedOn in [false, true] {
+            let store = FakeObjectStore()
+            let fs = try renameQueuedFileOverStoredOne(store)
+            defer { fs.shutdown() }
+            if renamedOn {
+                try fs.rename(parent: root, name: "f", newParent: root, newName: "h", noReplace: false)
+            } else {
+                try fs.unlink(parent: root, name: "f")
+            }
+            drain(fs)
+            #expect(store.keys == (renamedOn ? ["h"] : []), "renamed on: \(renamedOn)")
+        }
+    }
+
+    /// A queued overwrite whose base another client deleted meanwhile goes to a conflict copy:
+    /// neither the deletion nor these bytes are lost.
+    @Test func aQueuedOverwriteOfAnObjectAnotherClientDeletedIsAConflictCopy() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "theirs")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: root, name: "f")
+        let opened = try fs.open(f.inode, writable: true, truncate: true)
+        try Array("mine".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        try store.delete(key: "f")
+        drain(fs)
+        #expect(store.keys.count == 1 && store.keys[0].hasPrefix("f.cssp-conflict-"), "\(store.keys)")
+    }
+
+    /// A queued file unlinked while a reader holds it owes nothing: `--status` lists nothing and
+    /// the drain does not wait for it (mount model, seed 5).
+    @Test func aQueuedFileUnlinkedWhileReadIsNoLongerOwed() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try writeFile(fs, root, "f", "read and removed")
+        let reader = try fs.open(f.inode, writable: false, truncate: false)
+        try fs.unlink(parent: root, name: "f")
+        #expect(fs.transfers.owed.isEmpty)
+        drain(fs)
+        fs.release(handle: reader.handle)
+        #expect(store.keys.isEmpty)
+    }
+
+    /// fsync is the barrier: stored when it returns.
+    @Test func fsyncStoresAQueuedFileAtOnce() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let (_, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try Array("synced".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        #expect(store.keys.isEmpty)
+        try fs.fsync(handle: opened.handle)
+        #expect(store.object("f")?.bytes == Array("synced".utf8))
+        fs.release(handle: opened.handle)
+        drain(fs)
+        #expect(store.counts.put == 1)
+    }
+
+    /// Bytes written and flushed again after the first flush are what is stored.
+    @Test func aSecondFlushBeforeTheUploadStoresTheNewerBytes() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let (_, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try Array("first".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        try Array(", second".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 5, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        drain(fs)
+        #expect(store.object("f")?.bytes == Array("first, second".utf8))
+    }
+
+    /// The daemon dies with files queued (renamed, too): the next mount of the same cache stores
+    /// each under its last name, once.
+    @Test func aMountThatDiedWithQueuedFilesLeavesThemToTheNext() throws {
+        let store = FakeObjectStore()
+        let spool = NSTemporaryDirectory() + "cssp-writeback-spool-" + UUID().uuidString
+        let died = makeFilesystem(store, spool: spool)
+        _ = try writeFile(died, root, "a", "queued a")
+        _ = try writeFile(died, root, ".b.tmp", "queued b")
+        try died.rename(parent: root, name: ".b.tmp", newParent: root, newName: "b", noReplace: false)
+        died.spool.unlock()  // killed: no drain, no shutdown
+        #expect(store.keys.isEmpty)
+        let next = makeFilesystem(store, spool: spool)
+        defer { next.shutdown() }
+        next.recoverPendingUploads()
+        #expect(store.keys == ["a", "b"])
+        #expect(store.object("b")?.bytes == Array("queued b".utf8))
+        #expect(store.counts.put == 2)
+    }
+
+    /// A failed upload of the queue is retried, not dropped (and reported as owed).
+    @Test func aFailedQueuedUploadIsRetried() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try writeFile(fs, root, "f", "retry me")
+        store.failNextPuts(1)
+        drain(fs)
+        #expect(store.object("f")?.bytes == Array("retry me".utf8))
+    }
+}
