@@ -229,9 +229,9 @@ final class Spool: Sendable {
         return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self)
     }
 
-    /// Writes the note that marks `dataPath` as an upload still owed (a new file, renamed over
-    /// the old note, so that a crash leaves one whole note or the other).
-    /// Journals an owed upload (synced); returns whether the note is written.
+    /// Writes the note that marks `dataPath` as an upload still owed (a new file, synced, renamed
+    /// over the old note, so that a crash leaves one whole note or the other); returns whether
+    /// the note is written.
     @discardableResult
     static func writePendingNote(dataPath: String, upload: PendingUpload) -> Bool {
         writeNote(String(dataPath.dropLast(".data".count)) + ".pending", upload, sync: true)
