@@ -79,8 +79,13 @@ final class Spool: Sendable {
         guard let dir = opendir(directory) else { return [] }
         defer { closedir(dir) }
         var names: [String] = []
+        // The name is read in place: a record is only `d_reclen` bytes long, and copying the whole
+        // `dirent` (`entry.pointee`) read past the end of glibc's buffer (a crash in a /tmp of a
+        // thousand names).
+        let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
         while let entry = readdir(dir) {
-            names.append(withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) })
+            let name = (UnsafeRawPointer(entry) + nameOffset).assumingMemoryBound(to: CChar.self)
+            names.append(String(cString: name))
         }
         return names
     }
