@@ -96,8 +96,9 @@ extension Node {
         manifest = info.manifest
         extraMetadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
         metadataKnownAt = now
-        if kind == .symlink, let target = info.metadata[StoredAttributes.symlinkTargetHeader] {
-            symlinkTarget = target
+        if kind == .symlink {
+            // Another version's target is read again unless the headers carry it.
+            symlinkTarget = info.metadata[StoredAttributes.symlinkTargetHeader] ?? (sameVersion ? symlinkTarget : nil)
         }
         confirmedAt = now
         return true
@@ -132,6 +133,8 @@ extension Node {
                 // headers. A time that changes under the kernel makes it drop its page cache.
                 let sameVersion = etag == entry.etag && lastModified.agrees(with: entry.lastModified)
                 if !sameVersion { lastModified = entry.lastModified }
+                // A listing does not carry a symlink's target: another version's is read again.
+                if kind == .symlink && etag != entry.etag { symlinkTarget = nil }
                 size = entry.size
                 etag = entry.etag
                 // A listing shows a DLO manifest with size 0: anything larger is a plain object.

@@ -26,6 +26,28 @@ struct NodeMergeTests {
             metadata: ["mode": mode, "color": "blue"], manifest: manifest)
     }
 
+    /// Another version of a symlink (another client's, or the object a lost COPY answer left)
+    /// has another target: the listing does not carry it, so the node forgets the old one and
+    /// readlink reads it again (core model seed 9198: readlink kept the replaced link's target).
+    @Test func anotherVersionOfASymlinkForgetsItsTarget() {
+        var node = Node(inode: 5, parent: 1, name: "l", kind: .symlink, key: "l", size: 7, etag: "e1", lastModified: Self.listed)
+        node.symlinkTarget = "../t209"
+        let link = DirectoryEntry(
+            name: "l", kind: .symlink, key: "l", size: 7, etag: "e2", lastModified: Self.listed, contentType: "application/link")
+        var listed = node
+        listed.merge(link, listedAt: 11, head: nil, fresh: false, now: 100)
+        #expect(listed.etag == "e2" && listed.symlinkTarget == nil)
+        var same = node
+        same.merge(DirectoryEntry(
+            name: "l", kind: .symlink, key: "l", size: 7, etag: "e1", lastModified: Self.listed, contentType: "application/link"),
+            listedAt: 11, head: nil, fresh: false, now: 100)
+        #expect(same.symlinkTarget == "../t209")
+        var headed = node
+        headed.apply(ObjectInfo(key: "l", size: 7, etag: "e2", contentType: "application/link", lastModified: Self.headTime,
+            metadata: [:], manifest: nil), askedAt: 11, now: 100)
+        #expect(headed.symlinkTarget == nil)
+    }
+
     /// The attribute rule (`Node+Merge`), as a table over a node described as of tick 10.
     struct Case: Sendable, CustomTestStringConvertible {
         var name: String
