@@ -14,7 +14,9 @@ import Synchronization
 ///    part is reused only if no write touched it since, else it is sent again. A write racing an
 ///    upload can only make the part look stale, never current.
 /// 3. The parts live under this pipeline's own upload id. Once a manifest points at them the
-///    pipeline is spent (`Filesystem.commit` drops it); later writes start a new one.
+///    pipeline is spent (`Filesystem.commit` drops it); later writes start a new one. A writer
+///    that took the pipeline just before may still call `advance`: `finish` seals it first, and
+///    a sealed pipeline starts nothing.
 /// 4. Lock order: `SpoolFile.state`, then `EarlyParts.state`. No lock is held during an upload.
 final class EarlyParts: Sendable {
     let partPrefix: String
@@ -37,6 +39,9 @@ final class EarlyParts: Sendable {
     private struct State {
         var done: [Int: Part] = [:]
         var running: Set<Int> = []
+        /// An upload took the parts over (`finish`): nothing more goes below the prefix, which a
+        /// manifest may name from now on.
+        var sealed = false
     }
 
     /// Protects finished and running parts.
@@ -59,15 +64,19 @@ final class EarlyParts: Sendable {
         let complete = Int(writtenEnd / partSize)
         let starting: [(Int, UInt64)] = state.withLock { s in
             var starting: [(Int, UInt64)] = []
+            // (A writer may hold this pipeline still when the upload at close took it over.)
+            guard !s.sealed else { return [] }
             for index in 0..<complete where s.done[index] == nil && !s.running.contains(index) {
                 guard s.running.count < concurrency else { break }
                 s.running.insert(index)
+                // Counted while the lock is held: `finish` waits for every upload that started
+                // before it sealed the pipeline.
+                group.enter()
                 starting.append((index, generation(index)))
             }
             return starting
         }
         for (index, generation) in starting {
-            group.enter()
             pool.submitOrRun { [self] in
                 upload(index, generation: generation, path: path)
                 group.leave()
@@ -93,8 +102,11 @@ final class EarlyParts: Sendable {
 
     deinit { transfers.end(shown) }
 
-    /// Waits for running uploads; then the parts that may be reused as they are.
+    /// Seals the pipeline (no upload starts from now on: a part written below the prefix after
+    /// the manifest would change the stored object), waits for running uploads; then the parts
+    /// that may be reused as they are.
     func finish() -> [Int: Part] {
+        state.withLock { $0.sealed = true }
         group.wait()
         return state.withLock { $0.done }
     }

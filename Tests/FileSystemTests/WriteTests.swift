@@ -248,3 +248,24 @@ struct FilesystemWriteTests {
         #expect(parsed.attributes.mtime == Timestamp(seconds: 5, nanoseconds: 1))
     }
 }
+
+/// The pipeline of parts sent while a file is written (`EarlyParts`).
+struct EarlyPartsTests {
+    /// Once the upload at close took the parts over, a writer that still holds the pipeline
+    /// starts no part below its prefix: the manifest names that prefix, and a part added or
+    /// replaced there afterwards changed the stored object (core model seed 9213: a conflict copy
+    /// of a file nobody else touched).
+    @Test func aFinishedPipelineStartsNothing() throws {
+        let store = FakeObjectStore()
+        let pool = BackgroundPool(width: 2)
+        let path = NSTemporaryDirectory() + "cssp-early-parts-" + UUID().uuidString
+        defer { unlink(path) }
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(repeating: 7, count: 64)))
+        let parts = EarlyParts(store: store, key: "f", partSize: 16, concurrency: 4, pool: pool, transfers: Transfers())
+        parts.advance(path: path, writtenEnd: 32) { _ in 1 }
+        #expect(parts.finish().count == 2)
+        parts.advance(path: path, writtenEnd: 64) { _ in 2 }
+        #expect(parts.finish().count == 2)
+        #expect(try store.listAll(prefix: parts.partPrefix, delimiter: nil).count == 2)
+    }
+}
