@@ -65,9 +65,12 @@ struct DirectoryCache {
     }
 
     /// The number readdir shows for `name` in `directory` without a node: reserved once, with
-    /// `allocate`, then the same until the directory is dropped.
-    mutating func reservedInode(_ directory: InodeNumber, _ name: String, allocate: () -> InodeNumber) -> InodeNumber {
-        if let number = reserved[directory]?[name.exact] { return number }
+    /// `allocate`, then the same until the directory is dropped, unless `isFree` says a node
+    /// holds it (one reserved by `reserve`, whose node lives on under no name or another).
+    mutating func reservedInode(
+        _ directory: InodeNumber, _ name: String, isFree: (InodeNumber) -> Bool, allocate: () -> InodeNumber
+    ) -> InodeNumber {
+        if let number = reserved[directory]?[name.exact], isFree(number) { return number }
         let number = allocate()
         reserved[directory, default: [:]][name.exact] = number
         return number

@@ -229,10 +229,8 @@ public final class Filesystem: Sendable {
         try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
         let local: Attributes? = state.withLock { s in
-            guard var node = s.inodes.child(parent, name), let open = s.openFiles[node.inode] else { return nil }
-            s.inodes.countLookup(node.inode)
-            node.size = open.size
-            return attributes(of: node)
+            guard let node = s.inodes.child(parent, name) else { return nil }
+            return lookUpSpooled(node.inode, in: &s)
         }
         if let local { return local }
 
@@ -564,9 +562,9 @@ public final class Filesystem: Sendable {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, next)
             case .listed(let entry, _):
-                let known = shownInode(entry.name, kind: entry.kind, in: inode)
-                return emit(entry.name, entry.kind, known, next)
-            case .local(let name, let child): return emit(name, .file, shownInode(name, kind: .file, in: inode, local: child), next)
+                let shown = shownInode(entry.name, kind: entry.kind, in: inode)
+                return emit(entry.name, shown.kind, shown.inode, next)
+            case .local(let name, let child): return emit(name, .file, shownInode(name, kind: .file, in: inode, local: child).inode, next)
             }
         }
     }
@@ -591,14 +589,18 @@ public final class Filesystem: Sendable {
                 switch item {
                 case .dot: return nil
                 case .listed(let entry, let listedAt):
+                    // A file being written here under a name the store still gives another kind
+                    // of object (a write-back rename over it, not stored yet).
+                    if entry.kind != .file, let local = s.inodes.child(inode, entry.name), local.kind == .file,
+                        let attributes = lookUpSpooled(local.inode, in: &s)
+                    {
+                        return (entry.name, .file, attributes)
+                    }
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
                     let attributes = link(entry, parent: inode, listedAt: listedAt, head: head, in: &s)
                     return (entry.name, entry.kind, attributes)
                 case .local(let name, let child):
-                    guard var node = s.inodes[child], let open = s.openFiles[child] else { return nil }
-                    s.inodes.countLookup(child)
-                    node.size = open.size
-                    return (name, .file, attributes(of: node))
+                    return lookUpSpooled(child, in: &s).map { (name, .file, $0) }
                 }
             }
             if let (name, kind, attributes) = linked, let attributes {
@@ -609,8 +611,8 @@ public final class Filesystem: Sendable {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, nil, next)
             case .listed(let entry, _):
-                let known = shownInode(entry.name, kind: entry.kind, in: inode)
-                return emit(entry.name, entry.kind, known, nil, next)
+                let shown = shownInode(entry.name, kind: entry.kind, in: inode)
+                return emit(entry.name, shown.kind, shown.inode, nil, next)
             case .local(let name, let child): return emit(name, .file, child, nil, next)
             }
         }
@@ -650,20 +652,34 @@ public final class Filesystem: Sendable {
         }
     }
 
-    /// The inode number readdir shows for `name`: its node's, else one reserved for it, which the
-    /// node a later lookup makes will take (so that d_ino and st_ino agree).
+    /// The attributes of a file with a spool (its bytes not all stored: the spool describes it,
+    /// not the server), counting one kernel lookup; nil without a spool.
+    private func lookUpSpooled(_ inode: InodeNumber, in s: inout State) -> Attributes? {
+        guard var node = s.inodes[inode], let open = s.openFiles[inode] else { return nil }
+        s.inodes.countLookup(inode)
+        node.size = open.size
+        return attributes(of: node)
+    }
+
+    /// The kind and inode number readdir shows for `name`: its node's, else one reserved for it,
+    /// which the node a later lookup makes will take (so that d_ino and st_ino agree).
     /// `local`: the node of a file being written, which the listing lacks.
-    private func shownInode(_ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil) -> InodeNumber {
+    private func shownInode(
+        _ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil
+    ) -> (kind: NodeKind, inode: InodeNumber) {
         state.withLock { s in
-            // A node of another kind is the name's old object: a lookup makes a new one.
-            if let node = s.inodes.child(directory, name) ?? local.flatMap({ s.inodes[$0] }), node.kind == kind {
+            let child = s.inodes.child(directory, name) ?? local.flatMap { s.inodes[$0] }
+            // A file being written here is what the name shows, whatever kind of object the store
+            // still has there (a write-back rename over it, not stored yet). A node of another
+            // kind is the name's old object: a lookup makes a new one.
+            if let node = child, node.kind == kind || (node.kind == .file && s.openFiles[node.inode] != nil) {
                 // One the kernel holds no lookup of may go before the lookup that follows (its
                 // upload ends, the spool retires): the next node for the name takes its number.
                 if node.lookups == 0 { s.directories.reserve(directory, name, node.inode) }
-                return node.inode
+                return (node.kind, node.inode)
             }
-            if let local { return local }
-            return s.directories.reservedInode(directory, name) { s.inodes.reserveInode() }
+            if let local { return (.file, local) }
+            return (kind, s.directories.reservedInode(directory, name, isFree: { s.inodes[$0] == nil }) { s.inodes.reserveInode() })
         }
     }
 

@@ -173,6 +173,28 @@ struct PosixTests {
         store.listAll()
     }
 
+    /// readdir reserves the number of a node the kernel holds no lookup of, for when the node
+    /// goes. One that lives on under no name (a rename replaced it, a handle keeps it) must not
+    /// lend its number to the name's next node (core model seed 7021: d_ino 6, st_ino 22).
+    @Test func aReplacedNodeThatLivesOnLendsItsNumberToNobody() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        let (g, opened) = try fs.create(parent: root, name: "g", mode: 0o644, caller: caller)
+        defer { fs.release(handle: opened.handle) }
+        fs.forget(g.inode, count: 1)  // the kernel let go; the open handle keeps the node
+        var handle = try fs.opendir(root)
+        #expect(try readAll(fs, root, handle: handle)["g"] == g.inode)
+        fs.releasedir(handle: handle)
+        let h = try createFile(fs, "h", "h")
+        try fs.rename(parent: root, name: "h", newParent: root, newName: "g", noReplace: false)
+        fs.forget(h.inode, count: 1)  // and the node that replaced it goes
+        handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        let shown = try readAll(fs, root, handle: handle)["g"]
+        #expect(shown != nil && shown != g.inode)
+        #expect(try fs.lookup(parent: root, name: "g").inode == shown)
+    }
+
     /// rewinddir shows what changed since opendir (it replayed the first listing).
     @Test func rewinddirShowsEntriesMadeSinceOpendir() throws {
         let store = FakeObjectStore()

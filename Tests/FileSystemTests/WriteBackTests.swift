@@ -104,6 +104,39 @@ struct WriteBackTests {
         #expect(store.object("f")?.bytes == Array("the new one".utf8))
     }
 
+    /// A queued file renamed over a symlink: until its upload the store still lists the symlink
+    /// there, and a listing must show the file, with its number (core model seed 8366: a
+    /// readdirplus made a symlink node of the name, and the next open met a symlink).
+    @Test func aQueuedFileRenamedOverASymlinkIsTheFileInListings() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try fs.symlink(parent: root, name: "s", target: "../t", caller: caller)
+        let file = try writeFile(fs, root, ".s.tmp", "the file")
+        try fs.rename(parent: root, name: ".s.tmp", newParent: root, newName: "s", noReplace: false)
+        #expect(store.object("s")?.contentType.hasPrefix("application/link") == true, "until its turn")
+        for plus in [false, true] {
+            var shown: [String: (NodeKind, InodeNumber)] = [:]
+            let handle = try fs.opendir(root)
+            if plus {
+                try fs.readdirplus(root, handle: handle, offset: 0) { name, kind, inode, _, _ in
+                    shown[name] = (kind, inode)
+                    return true
+                }
+            } else {
+                try fs.readdir(root, handle: handle, offset: 0) { name, kind, inode, _ in
+                    shown[name] = (kind, inode)
+                    return true
+                }
+            }
+            fs.releasedir(handle: handle)
+            #expect(shown["s"]?.0 == .file && shown["s"]?.1 == file.inode, "readdirplus: \(plus)")
+        }
+        #expect(try fs.lookup(parent: root, name: "s").kind == .file)
+        drain(fs)
+        #expect(store.object("s")?.bytes == Array("the file".utf8))
+    }
+
     /// A queued file renamed over a stored one, then unlinked or renamed on: the object it was
     /// to replace goes too (the core model, seed 36: the old object stayed under the name).
     @Test func aQueuedFileThatReplacedAStoredOneTakesItAlongWhenItGoes() throws {
