@@ -415,9 +415,7 @@ class CsspAuth(object):
             # The network faults (stall, drip, reset) apply to other schemes' requests
             # too, so that a benchmark slows every client alike; statuses stay CSSP's.
             rule = self._fault(env, env.get('PATH_INFO', ''), network_only=True)
-            if rule is not None:
-                return faulty_body(self.app(env, start_response), rule, self.sleep)
-            return self.app(env, start_response)
+            return self._answer(env, start_response, rule)
         try:
             credential = self._authenticate(env)
         except ErrorResponse as error:
@@ -458,9 +456,22 @@ class CsspAuth(object):
         env['swift.authorize_override'] = True
         env['swift_owner'] = True
         env.pop('HTTP_AUTHORIZATION', None)
-        if faults is not None:
-            return faulty_body(self.app(env, start_response), faults, self.sleep)
-        return self.app(env, start_response)
+        return self._answer(env, start_response, faults)
+
+    def _answer(self, env, start_response, rule):
+        """The next application's answer, with the network faults of ``rule`` (None: none)."""
+        if rule is None:
+            return self.app(env, start_response)
+        if (rule.stall is not None and rule.stall_after is None
+                and rule.drip is None and rule.reset_after is None):
+            # Only a wait before the answer: the application's own body goes out as it
+            # is, framed as without the rule. (Wrapped in a generator, a body of unknown
+            # length goes out chunked, and a HEAD's answer then carried a stray chunk
+            # terminator that broke Go clients' keep-alive connections: rclone's uploads
+            # failed under bench/compare.sh LATENCY_MS.)
+            self.sleep(rule.stall)
+            return self.app(env, start_response)
+        return faulty_body(self.app(env, start_response), rule, self.sleep)
 
     def _fault(self, env, path, network_only=False):
         """The fault_file rule for this request, or None."""

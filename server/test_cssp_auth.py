@@ -537,6 +537,11 @@ class NetworkFaultTests(CsspAuthTestCase):
 
         self.assertEqual(other(path), ('200 OK', b'0123456789'))
         self.assertEqual(self.sleeps, [0.02])
+        # A wait alone leaves the answer's body as the application made it (a list, whose
+        # length the server frames it by), not a generator it would send chunked.
+        req = Request.blank(path, headers={'X-Auth-Token': 'AUTH_tk1'})
+        answer = self.middleware(req.environ, lambda s, h, e=None: None)
+        self.assertIsInstance(answer, list)
         self.write_faults('GET status=503,times=1 /c\n')
         self.assertTrue(other(path)[0].startswith('200'))
         # Not counted either: the CSSP client still gets its one 503.
