@@ -112,9 +112,9 @@ struct DirectoryCache {
     /// written it since, and this mount read that).
     mutating func remember(
         _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64,
-        current: (ExactString) -> DirectoryEntry? = { _ in nil }
+        stillListed: Set<ExactString> = [], current: (ExactString) -> DirectoryEntry? = { _ in nil }
     ) -> (entries: EntryTable, remembered: Bool) {
-        prune(directory, now: now)
+        prune(directory, now: now, slack: 1)
         var table = entries
         let journal = journals[directory] ?? []
         // Names as changes made before the listing started left them: the listing shows each,
@@ -136,7 +136,10 @@ struct DirectoryCache {
         listings[directory] = Listing(entries: table, completedAt: now, askedAt: askedAt)
         // The listing shows these changes already: they are not applied again (an older listing
         // still under way is not remembered over this one).
-        let shown = Set(before.compactMap { name, entry in (entry != nil) == (entries[name] != nil) ? name : nil })
+        // (`stillListed`: names removed here that the store listed, which the reader skipped.)
+        let shown = Set(before.compactMap { name, entry in
+            (entry != nil) == (entries[name] != nil || stillListed.contains(name)) ? name : nil
+        })
         if !shown.isEmpty { journals[directory]?.removeAll { $0.count <= startedAt && shown.contains($0.name) } }
         return (table, true)
     }
@@ -169,15 +172,13 @@ struct DirectoryCache {
         return Set(last.compactMap { $0.value ? $0.key : nil })
     }
 
-    /// An operation on `names` in `directory` failed part-way: the store may hold the old state,
-    /// the new one or a mix, so the listing goes and so do those names' journaled changes;
+    /// An operation on `name` in `directory` failed part-way: the store may hold the old state,
+    /// the new one or a mix, so the listing goes and so do that name's journaled changes;
     /// listings under way are refused. The other names' changes stay journaled.
-    mutating func forget(_ names: [String], in directory: InodeNumber) {
-        let count = changeCount(directory) + 1
-        changes[directory] = count
-        forgottenUpTo[directory] = count
-        let failed = Set(names.map(\.exact))
-        journals[directory]?.removeAll { failed.contains($0.name) }
+    mutating func forget(_ name: String, in directory: InodeNumber) {
+        let kept = journals[directory]?.filter { $0.name != name.exact }
+        forgetChanges(directory)
+        journals[directory] = kept
         listings[directory] = nil
     }
 
@@ -198,11 +199,12 @@ struct DirectoryCache {
         forgottenUpTo[directory] = count
     }
 
-    /// Forgets the changes older than `journalSeconds`, and those beyond `journalLimit` (once a
-    /// quarter more have come: a full journal is not copied at every change).
-    private mutating func prune(_ directory: InodeNumber, now: Double) {
+    /// Forgets the changes older than `journalSeconds`, and those beyond `journalLimit`, once
+    /// `slack` times that has gone by: a journal is not copied at every change.
+    /// (`slack` 1: exactly, as a listing is remembered.)
+    private mutating func prune(_ directory: InodeNumber, now: Double, slack: Double = 1.25) {
         guard let journal = journals[directory], let first = journal.first,
-            now - first.at > journalSeconds || journal.count > Self.journalLimit * 5 / 4
+            now - first.at > journalSeconds * slack || Double(journal.count) > Double(Self.journalLimit) * slack
         else { return }
         let kept = journal.drop { now - $0.at > journalSeconds }.suffix(Self.journalLimit)
         if let last = journal[..<kept.startIndex].last { forgottenUpTo[directory] = last.count }

@@ -19,6 +19,8 @@ final class DirectoryReader: Sendable {
         /// Aliases of shadowed files not yet certain (see `entries`).
         var heldAliases: [ExactString: DirectoryEntry] = [:]
         var tail: [TailItem]? = nil
+        /// Names removed here that the store still listed (skipped, see `removedHere`).
+        var stillListed: Set<ExactString> = []
     }
 
     /// What readdir shows after the listing's entries: names this mount made that the listing
@@ -88,9 +90,9 @@ final class DirectoryReader: Sendable {
             }
             var next = builder
             let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
-            var resolved = ready.filter { entry in
-                hidden.map { !entry.name.isSameKey(as: $0) } ?? true && !removedHere.contains(entry.name.exact)
-            }
+            var resolved = ready.filter { entry in hidden.map { !entry.name.isSameKey(as: $0) } ?? true }
+            let lagging = removedHere.isEmpty ? [] : Set(resolved.lazy.map(\.name.exact).filter(removedHere.contains))
+            if !lagging.isEmpty { resolved.removeAll { lagging.contains($0.name.exact) } }
             var aliases: [DirectoryEntry] = []
             for collision in collisions {
                 let resolution = try filesystem.resolve(collision, prefix: prefix)
@@ -117,6 +119,7 @@ final class DirectoryReader: Sendable {
                 }
                 s.builder = next
                 s.entries += resolved
+                s.stillListed.formUnion(lagging)
                 s.marker = page.nextMarker
                 s.complete = page.nextMarker == nil
             }
@@ -136,4 +139,8 @@ final class DirectoryReader: Sendable {
     func completeEntries() -> [DirectoryEntry]? {
         state.withLock { $0.complete ? $0.entries : nil }
     }
+
+    /// Names removed here that the store's listing still showed (it lags behind): skipped by
+    /// the entries, and a reason to keep those removals journaled.
+    var stillListed: Set<ExactString> { state.withLock { $0.stillListed } }
 }

@@ -89,7 +89,7 @@ extension Filesystem {
                 state.withLock { s in
                     guard s.inodes.child(node.parent, node.name)?.inode == inode, s.openFiles[inode] == nil else { return }
                     s.inodes.unhook(parent: node.parent, name: node.name)
-                    s.directories.forget([node.name], in: node.parent)
+                    s.directories.forget(node.name, in: node.parent)
                 }
             } catch {
                 throw FSError(storeError: error, operation: "set attributes of", path: node.key)

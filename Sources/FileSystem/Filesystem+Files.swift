@@ -205,8 +205,8 @@ extension Filesystem {
     /// Where a read of an open handle is served from, decided under one lock.
     private enum ReadSource {
         case spool(SpoolFile)
-        /// Another handle's spool, held like a reader for this read (it may retire meanwhile).
-        case heldSpool(SpoolFile)
+        /// Another handle's spool (it may retire meanwhile, once its bytes are stored).
+        case othersSpool(SpoolFile)
         case reader(FileReader, InodeNumber)
         /// The handle's reader is for another version or key: one for the node as it is now.
         case newReader(Node)
@@ -224,9 +224,7 @@ extension Filesystem {
             case nil: return nil
             case .spool(let open, _)?: return .spool(open)
             case .remote(let reader, let inode, let version)?:
-                if let spool = s.openFiles[inode], spool.state.withLock({ $0.attach(writable: false) }) {
-                    return .heldSpool(spool)
-                }
+                if let spool = s.openFiles[inode] { return .othersSpool(spool) }
                 guard let node = s.inodes[inode],
                     node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key))
                 else { return .reader(reader, inode) }
@@ -236,9 +234,14 @@ extension Filesystem {
         switch source {
         case nil: throw FSError(.invalidArgument, "unknown file handle \(number)")
         case .spool(let open)?: try open.read(offset: offset, length: length, reply: reply)
-        case .heldSpool(let open)?:
-            defer { detach(open, writable: false) }
-            try open.read(offset: offset, length: length, reply: reply)
+        case .othersSpool(let open)?:
+            do {
+                try open.read(offset: offset, length: length, reply: reply)
+            } catch where open.state.withLock({ $0.phase == .retired }) {
+                // Retired under this read (its file is gone with it): its bytes are stored, and
+                // the node describes them now.
+                try read(handle: number, offset: offset, length: length, reply: reply)
+            }
         case .reader(let reader, let inode)?:
             try read(reader, handle: number, inode: inode, offset: offset, length: length, reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
@@ -381,7 +384,7 @@ extension Filesystem {
     private func detach(_ open: SpoolFile, writable: Bool) {
         switch open.state.withLock({ $0.detach(writable: writable) }) {
         case .keep: return
-        case .journal: renewNote(open)
+        case .journal: journal(open)
         case .retire: retire(open)
         case .upload:
             do {
@@ -410,7 +413,7 @@ extension Filesystem {
         }
         switch open.state.withLock({ $0.detach(writable: true) }) {
         case .keep: break
-        case .journal: renewNote(open)
+        case .journal: journal(open)
         case .retire: retire(open)
         case .upload:
             do {
@@ -527,13 +530,6 @@ extension Filesystem {
         }
     }
 
-    /// Journals an owed upload: the note beside the spool names the key and how to store it, so
-    /// that a later mount stores it if this one cannot. Written before the writer hears of the
-    /// failure.
-    /// Rewrites the note of an owed spool with the node's name and attributes as they are now.
-    func renewNote(_ open: SpoolFile) {
-        journal(open)
-    }
 
     /// Where an owed upload of bytes that replace `base` goes: `key` while the object there is
     /// still that version (or still absent for a new name), else a conflict copy beside it, so
@@ -697,8 +693,15 @@ extension Filesystem {
             throw failedUpload(
                 open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload (conflict copy)", path: key))
         }
-        Spool.removeNote(dataPath: open.path)
-        _ = open.state.withLock { $0.uploaded(generation: snapshot.generation) }
+        // As in `commitLocked`: the spool turns clean and the note goes (or describes what was
+        // written meanwhile) in one step.
+        open.noteLock.withLock { _ in
+            let stillOwed = open.state.withLock { o in
+                _ = o.uploaded(generation: snapshot.generation)
+                return o.needsUpload
+            }
+            if stillOwed { journalHeld(open) } else { Spool.removeNote(dataPath: open.path) }
+        }
         let stored = storeClock.tick()
         state.withLock { s in
             s.inodes.update(open.inode) { $0.forgetWhatWasSaid(at: stored) }

@@ -51,7 +51,7 @@ extension Filesystem {
         let failedAt = storeClock.tick()
         state.withLock { s in
             for (parent, name) in names {
-                s.directories.forget([name], in: parent)
+                s.directories.forget(name, in: parent)
                 guard let node = s.inodes.child(parent, name) else { continue }
                 var pending = [node.inode]
                 while let inode = pending.popLast() {
@@ -530,7 +530,7 @@ extension Filesystem {
             spool.state.withLock { $0.baseETag = existing.etag }
         }
         state.withLock { s in finish(&s) }
-        renewNote(spool)
+        journal(spool)
         if let node = state.withLock({ $0.inodes[source.inode] }) { transfers.move(source.inode, to: node.key) }
         return true
     }

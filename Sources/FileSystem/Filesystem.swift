@@ -45,8 +45,8 @@ import Glibc
 /// 2. A complete directory listing is remembered for `directoryCacheSeconds` and answers lookups
 ///    in that directory, which is what makes `ls -l` cost one listing instead of a HEAD per entry.
 ///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
-///    `dir/` marker) are HEADed. Our own changes update the remembered listing in place, and a
-///    listing that started before one of them is not remembered.
+///    `dir/` marker) are HEADed. Our own changes update the remembered listing in place, and are
+///    applied again to listings that complete after them (DirectoryCache rule 2).
 /// 3. Outside a remembered listing, a lookup asks the server twice: HEAD `key` and a one-entry
 ///    listing of `key/`, then applies the same collision rule as readdir (DirectoryBuilder).
 /// 4. The prefix `.cssp-parts/` at the container root holds multipart parts; it is never shown.
@@ -360,7 +360,7 @@ public final class Filesystem: Sendable {
                 if index > Self.lookupListingLimit { return nil }
             }
             guard let entries = reader.completeEntries() else { return nil }
-            return (remember(entries, for: inode, startedAt: startedAt, askedAt: reader.askedAt), reader.askedAt)
+            return (remember(reader, entries, for: inode), reader.askedAt)
         }
     }
 
@@ -371,23 +371,23 @@ public final class Filesystem: Sendable {
     /// 2 s (container listings lag behind writes) and at most 30 (memory; DirectoryCache rule 2).
     static func journalSeconds(directoryTimeout: Double) -> Double { min(max(directoryTimeout, 2), 30) }
 
-    /// Stores a complete listing of directory `inode` that started at change count `startedAt`
-    /// and `StoreClock` tick `askedAt`, with this mount's recent changes applied (DirectoryCache
-    /// rule 2); returns it as a table.
+    /// Stores the complete listing `entries` of directory `inode` that `reader` read, with this
+    /// mount's recent changes applied (DirectoryCache rule 2); returns it as a table.
     @discardableResult
-    func remember(_ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64, askedAt: UInt64) -> EntryTable {
-        let table = state.withLock { s in rememberLocked(entries, for: inode, startedAt: startedAt, askedAt: askedAt, in: &s) }
+    func remember(_ reader: DirectoryReader, _ entries: [DirectoryEntry], for inode: InodeNumber) -> EntryTable {
+        let listed = EntryTable(entries)
+        let table = state.withLock { s in rememberLocked(reader, listed, for: inode, in: &s) }
         prefetchMetadata(of: entries, in: inode)
         return table
     }
 
-    /// `remember`, under the state lock (the caller prefetches metadata after).
-    func rememberLocked(
-        _ entries: [DirectoryEntry], for inode: InodeNumber, startedAt: UInt64, askedAt: UInt64, in s: inout State
-    ) -> EntryTable {
-        guard s.inodes[inode] != nil else { return EntryTable(entries) }
+    /// `remember`, under the state lock, of a table made before it (the caller prefetches
+    /// metadata after).
+    func rememberLocked(_ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, in s: inout State) -> EntryTable {
+        guard s.inodes[inode] != nil else { return listed }
         let (table, remembered) = s.directories.remember(
-            EntryTable(entries), for: inode, now: now(), startedAt: startedAt, askedAt: askedAt
+            listed, for: inode, now: now(), startedAt: reader.startedAt, askedAt: reader.askedAt,
+            stillListed: reader.stillListed
         ) { name in
             // A name made here, which the listing lacks: its node as it is now, if any.
             guard let node = s.inodes.child(inode, name.string), node.kind != .directory else { return nil }
@@ -589,9 +589,10 @@ public final class Filesystem: Sendable {
                 switch item {
                 case .dot: return nil
                 case .listed(let entry, let listedAt):
-                    // A file being written here under a name the store still gives another kind
-                    // of object (a write-back rename over it, not stored yet).
-                    if entry.kind != .file, let local = s.inodes.child(inode, entry.name), local.kind == .file,
+                    // A file being written here: its spool describes it, whatever the listing
+                    // (or this mount's journaled entry of the create) says, even another kind of
+                    // object (a write-back rename over it, not stored yet).
+                    if let local = s.inodes.child(inode, entry.name), local.kind == .file,
                         let attributes = lookUpSpooled(local.inode, in: &s)
                     {
                         return (entry.name, .file, attributes)
@@ -691,12 +692,11 @@ public final class Filesystem: Sendable {
         guard let entries = reader.completeEntries() else { return }
         let tail = reader.tail { () -> [DirectoryReader.TailItem] in
             defer { if !reader.isRemembered { prefetchMetadata(of: entries, in: inode) } }
+            let listed = reader.isRemembered ? nil : EntryTable(entries)
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
             return state.withLock { s in
-                let table =
-                    reader.isRemembered
-                    ? nil : rememberLocked(entries, for: inode, startedAt: reader.startedAt, askedAt: reader.askedAt, in: &s)
+                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
                 // A remembered listing's entries are its table's already.
                 let recorded = table?.addedHere ?? []
                 let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])

@@ -19,7 +19,8 @@ import Glibc
 ///        `--unlink / replaced--> removed --last close--> retired
 ///
 /// The note that journals an owed upload is written on every failed upload (before the writer
-/// hears EIO) and removed when the upload succeeds or the file is removed.
+/// hears EIO) and at every write-back flush, rewritten when the name or attributes change, and
+/// removed when the upload succeeds or the file is removed.
 struct SpoolState: Equatable {
     enum Phase: Equatable {
         /// Stored at flush, fsync and the last close whenever it changed.
@@ -91,8 +92,9 @@ struct SpoolState: Equatable {
     enum Release: Equatable {
         /// Other handles remain.
         case keep
-        /// The last handle closed on a spool whose upload a scheduled retry owns: its note must
-        /// describe what changed meanwhile (attributes set, bytes written through a new handle).
+        /// The last handle closed on a spool whose upload a scheduled retry or the write-back
+        /// queue owns: its note must describe what changed meanwhile (attributes set, bytes
+        /// written through a new handle).
         case journal
         /// The last handle closed on changed bytes: upload, then `uploaded`/`uploadFailed`.
         case upload
@@ -140,9 +142,10 @@ struct SpoolState: Equatable {
         return true
     }
 
-    /// After the queue's upload: queued again when a flush journaled newer bytes meanwhile.
+    /// After the queue's upload: queued again when a flush journaled newer bytes meanwhile, or
+    /// when no handle holds changes made since (a truncate or chmod by path: no flush follows).
     mutating func requeue() -> Bool {
-        guard flushedWhileQueued else { return false }
+        guard flushedWhileQueued || isIdle else { return false }
         flushedWhileQueued = false
         return queue()
     }

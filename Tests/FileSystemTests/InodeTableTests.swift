@@ -196,6 +196,19 @@ struct DirectoryCacheTests {
         #expect(lagging.entries["g".exact] != nil)
     }
 
+    /// A removal stays journaled while the store still lists the name, even when the reader
+    /// skipped it: else the next lagging listing shows the removed file again.
+    @Test func aRemovalTheStoreStillListsStaysJournaled() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        cache.record(7, name: "g", entry: entry("g"), now: 10)
+        cache.record(7, name: "g", entry: nil, now: 10)
+        // The reader skipped g (removed here) though the store listed it.
+        let first = cache.remember(EntryTable([]), for: 7, now: 11, startedAt: cache.changeCount(7), askedAt: 1, stillListed: ["g".exact])
+        #expect(first.remembered && first.entries["g".exact] == nil)
+        let second = cache.remember(EntryTable([entry("g")]), for: 7, now: 12, startedAt: cache.changeCount(7), askedAt: 2)
+        #expect(second.entries["g".exact] == nil)
+    }
+
     /// A failed operation on one name forgets the listing and that name's changes, not the
     /// others' (they keep lagging listings honest), and refuses listings under way.
     @Test func aFailureForgetsOnlyTheNamesItTouched() {
@@ -203,7 +216,7 @@ struct DirectoryCacheTests {
         let started = cache.changeCount(7)
         cache.record(7, name: "made", entry: entry("made"), now: 10)
         cache.record(7, name: "failed", entry: entry("failed"), now: 10)
-        cache.forget(["failed"], in: 7)
+        cache.forget("failed", in: 7)
         #expect(!cache.remember(EntryTable([]), for: 7, now: 11, startedAt: started, askedAt: 1).remembered)
         let (table, remembered) = cache.remember(EntryTable([]), for: 7, now: 11, startedAt: cache.changeCount(7), askedAt: 2)
         #expect(remembered && table["made".exact] != nil && table["failed".exact] == nil)
