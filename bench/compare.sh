@@ -6,15 +6,19 @@
 #            then warm (again on the same mount), MB/s
 #   fio      4 KiB random reads of that object, fio psync, 4 jobs, FIO_SECONDS (default 20) s, IOPS
 #   write    dd of a 1 GiB file into the mount, until the object is on the server, MB/s
-#   create   cp -r of 1000 files of 4 KiB, until all are on the server, files/s
+#   create   cp -r of 1000 files of 4 KiB: until cp returns, and until all are on the server,
+#            files/s
 #   ls       ls -l of a 10 000-object directory: fresh mount, then again on the same mount, s
 #   rsync    rsync -a re-run over 1000 unchanged files after a remount (must send nothing), s
 #   creates4 4 processes each creating 1000 empty files in one directory (issue 24): files/s
 #            until the last close returned and until all are stored, and the listing requests
 #            the tool sent meanwhile (counted in the server's access log by User-Agent)
-#   rsync1   rsync -a first run of 1000 files of 1 KiB to 256 KiB into an empty directory, until
-#            all are stored, s; and the HTTP requests the tool sent meanwhile, per file (counted
-#            in the server's access log by User-Agent)
+#   rsync1   rsync -a first run of 1000 files of 1 KiB to 256 KiB into an empty directory: until
+#            rsync returns and until all are stored, s; and the HTTP requests the tool sent
+#            meanwhile, per file (counted in the server's access log by User-Agent)
+#   rmrf     rm -rf of a directory of 1000 files of 4 KiB (written through the same tool, then a
+#            fresh mount): until rm returns, and until the server lists none of them, s
+#   find     find of the rsync tree (1000 files), fresh mount, s
 # and, for every mount the workloads make, the time from the mount command to the first `ls`
 # (median) and the daemon's peak RSS (VmHWM before unmount, maximum). The ceiling also reads the
 # object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling).
@@ -27,8 +31,9 @@
 #   bench/compare.sh                          everything, medians of RUNS=3 (about 40 minutes)
 #   RUNS=1 TOOLS="csspfs s3fs-default" WORKLOADS="read ls" bench/compare.sh
 #
-# Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs rclone-default rclone-tuned s3fs-default
-# s3fs-tuned); WORKLOADS (read fio write create creates4 ls rsync rsync1); FIO_SECONDS (20); WAIT_TIMEOUT
+# Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb rclone-default rclone-tuned
+# s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback); WORKLOADS (read fio write create
+# creates4 ls rsync rsync1 rmrf find); FIO_SECONDS (20); WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
 # COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
 # left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
@@ -60,9 +65,9 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
 export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
-ALL_TOOLS="ceiling csspfs rclone-default rclone-tuned s3fs-default s3fs-tuned"
+ALL_TOOLS="ceiling csspfs csspfs-wb rclone-default rclone-tuned s3fs-default s3fs-tuned"
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
-WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1}
+WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1 rmrf find}
 FIO_SECONDS=${FIO_SECONDS:-20}
 export LATENCY_MS=${LATENCY_MS:-0}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
@@ -78,8 +83,8 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create creates4 ls rsync rsync1 " == *" $w "* ]] ||
-        die "unknown workload $w (read fio write create creates4 ls rsync rsync1)"
+    [[ " read fio write create creates4 ls rsync rsync1 rmrf find " == *" $w "* ]] ||
+        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -185,6 +190,7 @@ mount_command() {
     local log=$OUT/logs/$TOOL_NAME.log
     case $TOOL_NAME in
         csspfs) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE" ;;
+        csspfs-wb) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",writeback ;;
         rclone-default | rclone-tuned)
             local tuned=()
             [[ $TOOL_NAME == rclone-tuned ]] && tuned=("${RCLONE_TUNED[@]}")
@@ -336,6 +342,7 @@ workload_create() {
     mkdir -p "$MNT/w-$TOOL_NAME"
     t=$(now)
     cp -r "$SRC_SMALL" "$MNT/w-$TOOL_NAME/create"
+    record create_return "$(per_second 1000 "$(since "$t")")"
     wait_objects "w-$TOOL_NAME/create/" 1000 4096
     record create "$(per_second 1000 "$(since "$t")")"
     unmount_it
@@ -377,15 +384,21 @@ workload_ls() {
     unmount_it
 }
 
-workload_rsync() {
-    local tree=rsync-${TOOL_NAME%%-*} t out s sent
-    if [[ $("$TOOL" "$URL" ls "$tree/" | awk '$1 == 4096' | wc -l) != 1000 ]]; then
-        note "$TOOL_NAME: first rsync into $tree/ (untimed; kept for later runs)"
+# Writes the rsync tree $1 through the tool under test unless the server holds it already
+# (untimed; kept for later runs).
+seed_rsync_tree() {
+    if [[ $("$TOOL" "$URL" ls "$1/" | awk '$1 == 4096' | wc -l) != 1000 ]]; then
+        note "$TOOL_NAME: first rsync into $1/ (untimed; kept for later runs)"
         mount_fresh
-        rsync -a "$SRC_SMALL/" "$MNT/$tree/"
-        wait_objects "$tree/" 1000 4096
+        rsync -a "$SRC_SMALL/" "$MNT/$1/"
+        wait_objects "$1/" 1000 4096
         unmount_it
     fi
+}
+
+workload_rsync() {
+    local tree=rsync-${TOOL_NAME%%-*} t out s sent
+    seed_rsync_tree "$tree"
     mount_fresh
     t=$(now)
     out=$(rsync -a --stats "$SRC_SMALL/" "$MNT/$tree/")
@@ -410,7 +423,7 @@ listings_since() {
 }
 # The User-Agent prefix of the tool under test.
 user_agent() {
-    case $TOOL_NAME in csspfs) echo csspfs/ ;; rclone*) echo rclone/ ;; s3fs*) echo s3fs/ ;; esac
+    case $TOOL_NAME in csspfs*) echo csspfs/ ;; rclone*) echo rclone/ ;; s3fs*) echo s3fs/ ;; esac
 }
 
 workload_rsync1() {
@@ -421,6 +434,7 @@ workload_rsync1() {
     offset=$(access_log_size)
     t=$(now)
     rsync -a "$SRC_MIXED/" "$MNT/$prefix" || note "WARNING: $TOOL_NAME: rsync exited with $?"
+    record rsync1_return "$(since "$t")"
     if wait_tree "$prefix" "$SRC_MIXED"; then
         record rsync1 "$(since "$t")"
     else
@@ -431,6 +445,45 @@ workload_rsync1() {
     record rsync1_requests "$(awk -v n="$n" 'BEGIN { print n / 1000 }')"
     unmount_it
     remove_writes
+}
+
+workload_rmrf() {
+    local prefix=w-$TOOL_NAME/rmrf t
+    mount_fresh
+    mkdir -p "$MNT/w-$TOOL_NAME"
+    cp -r "$SRC_SMALL" "$MNT/$prefix"
+    wait_objects "$prefix/" 1000 4096
+    unmount_it
+    mount_fresh
+    t=$(now)
+    rm -rf "${MNT:?}/$prefix"
+    record rmrf_return "$(since "$t")"
+    wait_gone "$prefix/"
+    record rmrf "$(since "$t")"
+    unmount_it
+    remove_writes
+}
+
+workload_find() {
+    local tree=rsync-${TOOL_NAME%%-*} t n
+    seed_rsync_tree "$tree"
+    mount_fresh
+    t=$(now)
+    n=$(find "$MNT/$tree" | wc -l)
+    record find "$(since "$t")"
+    ((n == 1001)) || die "$TOOL_NAME: find of $tree printed $n names, expected 1001"
+    unmount_it
+}
+
+# Waits until the server lists nothing below prefix $1 (directory markers included).
+wait_gone() {
+    local deadline=$((SECONDS + WAIT_TIMEOUT)) n
+    while :; do
+        n=$("$TOOL" "$URL" ls "$1" | wc -l)
+        ((n == 0)) && return 0
+        ((SECONDS < deadline)) || die "$TOOL_NAME: $n objects still below $1 after $WAIT_TIMEOUT s"
+        sleep 0.05
+    done
 }
 
 # Waits until every file of local tree $2 is stored below prefix $1 with its size (and no
@@ -533,7 +586,7 @@ for i in range(1000):
     os.chmod(path, 0o644)
 PY
 fi
-if wants create || wants rsync; then
+if wants create || wants rsync || wants rmrf || wants find; then
     # Deterministic content and mtimes (subtlety 3).
     /usr/bin/python3 - "$SRC_SMALL" <<'PY'
 import os, random, sys
@@ -579,19 +632,25 @@ ROWS = [
     ("read_warm", "seq read 1 GiB, warm (same mount), MB/s", True),
     ("fio", "4 KiB random read, fio 4 jobs, IOPS", True),
     ("write", "seq write 1 GiB until stored, MB/s", True),
-    ("create", "create 1000 x 4 KiB until stored, files/s", True),
+    ("create_return", "create 1000 x 4 KiB (cp -r), return, files/s", True),
+    ("create", "  the same, until stored, files/s", True),
     ("creates4", "4 procs x 1000 empty creates, return, files/s", True),
     ("creates4_stored", "  the same, until stored, files/s", True),
     ("creates4_listings", "  listing requests meanwhile", False),
     ("ls_cold", "ls -l 10 000 entries, fresh mount, s", False),
     ("ls_warm", "ls -l 10 000 entries, same mount, s", False),
     ("rsync", "rsync -a re-run, 1000 unchanged files, s", False),
-    ("rsync1", "rsync -a first run, 1000 files, until stored, s", False),
+    ("rsync1_return", "rsync -a first run, 1000 files, return, s", False),
+    ("rsync1", "  the same, until stored, s", False),
     ("rsync1_requests", "  HTTP requests per file in that run", False),
+    ("rmrf_return", "rm -rf of 1000 files, return, s", False),
+    ("rmrf", "  the same, until the server lists none, s", False),
+    ("find", "find of 1000 files, fresh mount, s", False),
     ("mount", "mount command to first ls, s", False),
     ("rss", "peak RSS of the daemon (VmHWM), MiB", False),
 ]
-PEERS = [t for t in tools if t not in ("ceiling", "csspfs")]
+MINE = [t for t in tools if t.startswith("csspfs")]
+PEERS = [t for t in tools if t != "ceiling" and t not in MINE]
 
 def summary(tool, metric):
     # A tool that never stored the whole tree has no rsync1 time, and its request count is
@@ -615,30 +674,31 @@ def fmt(x):
     return "%.3f" % x
 
 width = 44
-show_ratio = "csspfs" in tools and PEERS
+show_ratio = bool(MINE and PEERS)
 latency = os.environ.get("LATENCY_MS", "0")
 if latency != "0":
     print("every request (every tool, listings included) waited %s ms before its answer" % latency)
 print("%-*s" % (width, "workload (median of %s; RSS: max)" % runs)
       + "".join("%15s" % t for t in tools)
-      + ("%15s" % "csspfs/best" if show_ratio else ""))
+      + ("".join("%15s" % (m + "/best") for m in MINE) if show_ratio else ""))
 for metric, label, higher in ROWS:
     cells = [summary(t, metric) for t in tools]
     if all(c is None for c in cells):
         continue
     line = "%-*s" % (width, label) + "".join("%15s" % fmt(c) for c in cells)
     if show_ratio:
-        mine = summary("csspfs", metric)
         peers = [summary(t, metric) for t in PEERS]
         peers = [p for p in peers if p is not None]
-        if mine is None or not peers:
-            line += "%15s" % "-"
-        else:
-            best = max(peers) if higher else min(peers)
-            line += "%15s" % ("%.3g" % (mine / best) if best else "-")
+        for m in MINE:
+            mine = summary(m, metric)
+            if mine is None or not peers:
+                line += "%15s" % "-"
+            else:
+                best = max(peers) if higher else min(peers)
+                line += "%15s" % ("%.3g" % (mine / best) if best else "-")
     print(line)
 if show_ratio:
-    print("csspfs/best: csspfs divided by the best peer; above 1 is better for MB/s, IOPS and files/s,"
+    print("csspfs/best: csspfs (csspfs-wb: with -o writeback) divided by the best peer; above 1 is better for MB/s, IOPS and files/s,"
           " below 1 for s and MiB.")
 for t in tools:
     if values.get((t, "rsync1_incomplete")):
