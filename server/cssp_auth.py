@@ -41,6 +41,10 @@ Things that are easy to get wrong here:
    then must be in the pipeline: they, not this one, refuse bad tokens. A
    request with neither kind of credentials is still refused here.
 
+7. ``GET /info`` (and HEAD) passes unauthenticated, as on stock Swift: it
+   names no container, and says what the cluster offers (bulk delete and its
+   limits), which clients ask before they sign anything.
+
 Filter options: ``keys_file`` (lines ``ACCESS_KEY:SECRET:ACCOUNT``, ``#``
 starts a comment; re-read when it changes), ``max_skew`` (seconds, default
 900), ``fault_file`` (optional test hook, see parse_faults),
@@ -416,6 +420,11 @@ class CsspAuth(object):
             # too, so that a benchmark slows every client alike; statuses stay CSSP's.
             rule = self._fault(env, env.get('PATH_INFO', ''), network_only=True)
             return self._answer(env, start_response, rule)
+        if env.get('PATH_INFO') == '/info' and \
+                env.get('REQUEST_METHOD') in ('GET', 'HEAD'):
+            # What the cluster offers (bulk delete, limits): unauthenticated,
+            # as on stock Swift (point 7).
+            return self.app(env, start_response)
         try:
             credential = self._authenticate(env)
         except ErrorResponse as error:

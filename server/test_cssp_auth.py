@@ -354,6 +354,21 @@ class ErrorTests(CsspAuthTestCase):
             sts, date='yesterday'))
         self.assert_error(resp, 403, 'RequestTimeTooSkewed')
 
+    def test_info_passes_unauthenticated_and_unchanged(self):
+        for method in ('GET', 'HEAD'):
+            resp, inner = self.request(method, '/info')
+            self.assertEqual(resp.status_int, 200)
+            self.assertEqual(inner['PATH_INFO'], '/info')
+            self.assertNotIn('swift.authorize', inner)
+
+    def test_other_methods_on_info_and_info_below_a_container_need_a_signature(self):
+        resp, inner = self.request('POST', '/info', {'Date': DATE})
+        self.assertIsNone(inner)
+        self.assert_error(resp, 401, 'AuthFailure')
+        resp, inner = self.request('GET', '/info/k', {'Date': DATE})
+        self.assertIsNone(inner)
+        self.assert_error(resp, 401, 'AuthFailure')
+
     def test_root_path_is_rejected(self):
         sts = b'GET\n\n\n' + DATE.encode() + b'\n/'
         resp, inner = self.request('GET', '/', self.signed_headers(sts))
