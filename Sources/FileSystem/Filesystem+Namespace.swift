@@ -291,7 +291,18 @@ extension Filesystem {
                 // replaces at its upload, `baseETag`.)
                 let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty && $0.baseETag.isEmpty } ?? false
                 forgetPrefetched(keys: [target.key])
-                if !neverStored { try removeObject(target) }
+                if !neverStored {
+                    if configuration.writeBack {
+                        // The node as the last upload left it (it may have ended since `target`).
+                        let node = state.withLock { $0.inodes[target.inode] } ?? target
+                        let base = open?.state.withLock { $0.baseETag } ?? ""
+                        let seen = node.etag.isEmpty ? base : DeleteEntry.version(etag: node.etag, manifest: node.manifest)
+                        try deletes.enqueue(
+                            key: target.key, etag: seen, kind: node.manifest != nil || node.size == 0 ? .manifest : .object)
+                    } else {
+                        try removeObject(target)
+                    }
+                }
                 if let open { markRemoved(open) }
                 state.withLock { s in
                     if s.inodes.child(parent, name)?.inode == target.inode || s.inodes.child(parent, name) == nil {
@@ -347,7 +358,12 @@ extension Filesystem {
             let target = try target(parent, name)
             guard target.kind == .directory else { throw FSError(.notADirectory, "rmdir of a file") }
             try requireEmpty(target)
-            try removeDirectoryMarkers(prefix: target.key)
+            if configuration.writeBack {
+                forgetPrefetched(keys: [target.key, String(target.key.dropLast())])
+                try deletes.enqueue(key: target.key, etag: "", kind: .directory)
+            } else {
+                try removeDirectoryMarkers(prefix: target.key)
+            }
             state.withLock { s in
                 s.inodes.unhook(parent: parent, name: name)
                 updateListing(parent, name: name, entry: nil, in: &s)
@@ -374,26 +390,11 @@ extension Filesystem {
         }
     }
 
-    /// Deletes a directory's `dir/` marker, and a `dir` object only when it is a directory object
-    /// (application/directory): a regular file `dir` beside the marker is another name.
+    /// Deletes a directory's markers now (`DeleteQueue.deleteMarkers`).
     private func removeDirectoryMarkers(prefix: String) throws(FSError) {
-        let typed = String(prefix.dropLast())
-        forgetPrefetched(keys: [prefix, typed])
+        forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
         do {
-            do {
-                try store.delete(key: prefix)
-            } catch where error.code == .notFound {}
-            guard !typed.isEmpty else { return }
-            let info: ObjectInfo
-            do {
-                info = try store.head(key: typed)
-            } catch where error.code == .notFound {
-                return
-            }
-            guard ObjectKey.isDirectoryContentType(info.contentType) else { return }
-            do {
-                try store.delete(key: typed)
-            } catch where error.code == .notFound {}
+            try DeleteQueue.deleteMarkers(prefix, in: store)
         } catch {
             throw FSError(storeError: error, operation: "rmdir", path: prefix)
         }

@@ -93,4 +93,22 @@ extension Filesystem {
             dataPath: open.path,
             upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base))
     }
+
+    /// `mount.cssp --status`: the uploads (`Transfers.report`), then the deletes owed.
+    public func statusReport() -> String {
+        let (count, oldest, lastError) = deletes.backlog()
+        var out = transfers.report()
+        out += "deletes owed: \(count)"
+        if count > 0 { out += ", the oldest for \(Transfers.seconds(oldest))" }
+        if let lastError { out += "; failing, last error: \(lastError)" }
+        return out + "\n"
+    }
+
+    /// fsync of a directory: a barrier for the deletes owed (write-back unlinks and rmdirs).
+    public func fsyncDirectory() throws(FSError) {
+        guard !deletes.isEmpty else { return }
+        guard deletes.flush(timeout: .infinity) else {
+            throw FSError(.ioError, "deletes this mount owes are not stored yet: \(deletes.backlog().lastError ?? "the store failed")")
+        }
+    }
 }

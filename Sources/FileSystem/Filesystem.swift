@@ -60,14 +60,18 @@ public final class Filesystem: Sendable {
     /// Where multipart parts live, relative to the container (see `Uploader`).
     public static let partsPrefix = ".cssp-parts/"
 
+    /// The store as this mount sees it: the container, less the keys whose delete is owed
+    /// (`JournaledStore`).
     let store: any ObjectStore
+    /// Deletes journaled by write-back unlinks and rmdirs (and left by an earlier mount).
+    let deletes: DeleteQueue
     public let configuration: FilesystemConfiguration
     let logger: Logger
     let spool: Spool
     /// Manifests whose parts may be shared after a failed rename: never deleted.
     let sharedParts: SharedParts
     /// Uploads running and owed (`mount.cssp --status`).
-    public let transfers = Transfers()
+    public let transfers: Transfers
 
     /// An open directory: the listing its readdir reads, taken at offset 0 (the first readdir,
     /// or after `rewinddir`, which must show the directory as it is then); nil before.
@@ -114,19 +118,46 @@ public final class Filesystem: Sendable {
     /// Orders answers of the store against this mount's acknowledged changes (the attribute rule).
     let storeClock = StoreClock()
 
-    public init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
-        self.store = store
+    public convenience init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
+        try self.init(store: store, configuration: configuration, logger: logger, journalFile: nil)
+    }
+
+    /// `journalFile`: the delete journal's file at a path (tests pass a double that loses
+    /// unsynced writes in a simulated power cut).
+    init(
+        store raw: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger,
+        journalFile: ((String) -> any JournalFile)?
+    ) throws(FSError) {
         self.configuration = configuration
         self.logger = logger
-        self.spool = try Spool(directory: configuration.spoolDirectory)
-        sharedParts = SharedParts(directory: configuration.spoolDirectory)
-        self.pool = BackgroundPool(width: configuration.backgroundThreads)
+        let spool = try Spool(directory: configuration.spoolDirectory)
+        self.spool = spool
+        let sharedParts = SharedParts(directory: configuration.spoolDirectory)
+        self.sharedParts = sharedParts
+        let pool = BackgroundPool(width: configuration.backgroundThreads)
+        self.pool = pool
+        let makeFile = journalFile ?? { DiskJournalFile(path: $0) }
+        let journal = DeleteJournal(
+            file: makeFile(Spool.deleteJournalPath(in: spool.directory)),
+            adopting: spool.adopted.map { makeFile(Spool.deleteJournalPath(in: $0)) })
+        let transfers = Transfers()
+        self.transfers = transfers
+        let partsRemover = Uploader(
+            store: raw, pool: pool, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
+            concurrency: configuration.uploadConcurrency, sharedParts: sharedParts, transfers: transfers)
+        deletes = DeleteQueue(
+            journal: journal, store: raw, pool: pool, width: configuration.uploadConcurrency, logger: logger,
+            deleteParts: { manifest, key in partsRemover.deleteParts(manifest: manifest, ofKey: key) })
+        self.store = JournaledStore(raw, deletes: deletes)
         state = Locked(
             State(
                 inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
                 directories: DirectoryCache(journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds))))
-        let transfers = self.transfers
         let registry = configuration.metrics.registry
+        let deletes = self.deletes
+        registry.gauge("cssp_pending_deletes", help: "Deletes journaled by write-back and not yet sent.") {
+            Double(deletes.backlog().count)
+        }
         registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
         registry.gauge("cssp_upload_bytes_done", help: "Bytes sent of the uploads in progress.") {
             Double(transfers.running.reduce(0) { $0 + $1.done })

@@ -31,6 +31,11 @@ final class Spool: Sendable {
     let leftovers: [(data: String, upload: PendingUpload?)]
     /// The attribute notes earlier processes left (note path, what it says).
     let attributeLeftovers: [(note: String, change: PendingUpload)]
+    /// Directories of earlier processes this one adopted (their lock was free).
+    let adopted: [String]
+
+    /// The delete journal of a spool directory (`DeleteJournal`).
+    static func deleteJournalPath(in directory: String) -> String { directory + "/deletes.journal" }
 
     /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until `unlock`).
     /// When another live mount of the same URL holds it, a private `directory.PID` is used instead,
@@ -48,16 +53,19 @@ final class Spool: Sendable {
         self.directory = directory
         var locks = [fd]
         var (found, attributes) = Spool.scan(directory)
+        var adopted: [String] = []
         for sibling in Spool.siblings(of: requested) where sibling != directory {
             let siblingLock = Spool.lock(sibling)
             guard siblingLock >= 0 else { continue }  // its mount is alive
             locks.append(siblingLock)
+            adopted.append(sibling)
             let (data, notes) = Spool.scan(sibling)
             found += data
             attributes += notes
         }
         leftovers = found
         attributeLeftovers = attributes
+        self.adopted = adopted
         lockDescriptors = Locked(locks)
     }
 

@@ -243,6 +243,14 @@ public final class FuseAdapter: Sendable {
         }
     }
 
+    /// fsync of a directory: the deletes a write-back mount owes are stored first.
+    func fsyncDirectory(_ reply: consuming Reply, inode: InodeNumber) {
+        serve("fsyncdir", "\(inode)", reply) { (r: inout Reply?) throws(FSError) in
+            try filesystem.fsyncDirectory()
+            r.take()!.ok()
+        }
+    }
+
     func create(_ reply: consuming Reply, parent: InodeNumber, name raw: String?, mode: mode_t,
         info: UnsafeMutablePointer<fuse_file_info>)
     {

@@ -226,9 +226,8 @@ private func makeOperations() -> fuse_lowlevel_ops {
         adapter.filesystem.releasedir(handle: info!.pointee.fh)
         Reply(request!).ok()
     }
-    ops.fsyncdir = { request, _, _, _ in
-        FuseAdapter.adapter(request).count("fsyncdir")
-        Reply(request!).ok()
+    ops.fsyncdir = { request, inode, _, _ in
+        FuseAdapter.adapter(request).fsyncDirectory(Reply(request!), inode: inode)
     }
     ops.statfs = { request, _ in FuseAdapter.adapter(request).statfs(Reply(request!)) }
     return ops

@@ -499,7 +499,7 @@ enum MountCommand {
             let server = try ControlServer(path: path) { question in
                 switch ControlQuestion(rawValue: question) {
                 case .stats: return metrics.registry.render()
-                case .status: return filesystem.transfers.report()
+                case .status: return filesystem.statusReport()
                 case .drain:
                     logger.notice("asked to store what is owed before an unmount")
                     let owed = filesystem.drain(timeout: Double(options.drainTimeout)) { logger.warning("unmount: \($0)") }

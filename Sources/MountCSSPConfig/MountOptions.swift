@@ -373,8 +373,8 @@ public enum Arguments {
                                  (default 1; 0 = at once)
           drain_timeout=S        at unmount, wait this long for uploads in progress and owed
                                  (default 120); what is left stays journaled for the next mount
-          writeback              close returns once the file is journaled on the local disk; a
-                                 queue stores it (off by default; fsync and unmount still wait)
+          writeback              close, unlink and rmdir return once journaled on the local disk;
+                                 a queue stores them (off by default; fsync and unmount wait)
           writeback_delay=S      seconds a closed file waits in that queue, so that a rename
                                  right after the close costs no request (default 1)
           max_threads=N          FUSE worker threads (default 16)

@@ -178,6 +178,16 @@ public protocol ObjectStore: Sendable {
 
     func delete(key: String) throws(ObjectStoreError)
 
+    /// The most keys one `bulkDelete` request takes when the server deletes many keys in one
+    /// request (Swift's bulk middleware, as its `/info` advertises it); nil: it cannot, and
+    /// `bulkDelete` sends one DELETE per key.
+    var bulkDeleteLimit: Int? { get }
+
+    /// Deletes `keys` (at most `bulkDeleteLimit`), in one request where the server can. Returns
+    /// the keys it could not delete (a key already gone counts as deleted); throws when the
+    /// request as a whole failed, which may have deleted some of them.
+    func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String]
+
     /// Replaces the object's metadata and content type. Swift drops everything not sent again,
     /// `X-Object-Manifest` included, so callers pass the complete set.
     func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError)
@@ -229,6 +239,20 @@ extension ObjectStore {
         let container = containerName + "/"
         guard manifest.utf8.starts(with: container.utf8), manifest.utf8.count > container.utf8.count else { return nil }
         return String(manifest.utf8.dropFirst(container.utf8.count))
+    }
+}
+
+extension ObjectStore {
+    public var bulkDeleteLimit: Int? { nil }
+
+    /// One DELETE per key, in order; stops at the first failure other than "not found".
+    public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
+        for key in keys {
+            do {
+                try delete(key: key)
+            } catch where error.code == .notFound {}
+        }
+        return []
     }
 }
 

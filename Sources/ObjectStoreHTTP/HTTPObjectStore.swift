@@ -2,6 +2,7 @@ import CCurl
 import Logging
 import Metrics
 import ObjectStore
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -62,6 +63,8 @@ public final class HTTPObjectStore: ObjectStore {
     public let metrics: MountMetrics
 
     public var containerName: String { configuration.container }
+    /// `bulkDeleteLimit` once asked (nil: not yet).
+    private let bulkLimit = Mutex<Int??>(nil)
 
     public init(
         configuration: HTTPStoreConfiguration, logger: Logger, maxIdleConnections: Int = 32,
@@ -208,6 +211,97 @@ public final class HTTPObjectStore: ObjectStore {
         _ = try send(Request(method: "DELETE", key: key))
     }
 
+    /// Asked of the server's `/info` once (unsigned, as Swift serves it), on first use: Swift's
+    /// bulk middleware advertises `bulk_delete` there. A server without it, or whose `/info`
+    /// cannot be read, gets one DELETE per key. At most 1 000 keys a request, whatever the server
+    /// allows: the server deletes them one after another before it answers.
+    public var bulkDeleteLimit: Int? {
+        if let known = bulkLimit.withLock({ $0 }) { return known }
+        let limit = probeBulkDelete().map { min($0, 1_000) }
+        bulkLimit.withLock { $0 = .some(limit) }
+        if let limit {
+            logger.info("the server deletes many keys in one request (bulk delete, \(limit) keys a request)")
+        } else {
+            logger.info("the server's /info does not offer bulk delete: one DELETE per key")
+        }
+        return limit
+    }
+
+    /// `max_deletes_per_request` from `/info`, or nil.
+    private func probeBulkDelete() -> Int? {
+        var request = Request(method: "GET", key: nil)
+        request.path = "/info"
+        request.maxAttempts = 2
+        guard let response = try? send(request) else { return nil }
+        return Self.bulkDeleteLimit(info: response.body)
+    }
+
+    /// The `max_deletes_per_request` of the `bulk_delete` section of a Swift `/info` answer
+    /// (JSON), or nil when it has none.
+    static func bulkDeleteLimit(info body: [UInt8]) -> Int? {
+        guard let section = firstIndex(of: "\"bulk_delete\"", in: body[...]),
+            let open = body[section...].firstIndex(of: UInt8(ascii: "{")),
+            let close = body[open...].firstIndex(of: UInt8(ascii: "}"))
+        else { return nil }
+        guard let value = jsonNumber("max_deletes_per_request", in: body[open..<close]), value > 0 else { return nil }
+        return value
+    }
+
+    /// Where `needle` first starts in `bytes`.
+    static func firstIndex(of needle: String, in bytes: ArraySlice<UInt8>) -> Int? {
+        let pattern = Array(needle.utf8)
+        guard !pattern.isEmpty, bytes.count >= pattern.count else { return nil }
+        var index = bytes.startIndex
+        while index + pattern.count <= bytes.endIndex {
+            if bytes[index..<index + pattern.count].elementsEqual(pattern) { return index }
+            index += 1
+        }
+        return nil
+    }
+
+    /// The whole number after `"name":` in JSON bytes, or nil.
+    static func jsonNumber(_ name: String, in bytes: ArraySlice<UInt8>) -> Int? {
+        guard let found = firstIndex(of: "\"" + name + "\"", in: bytes) else { return nil }
+        var index = found + name.utf8.count + 2
+        while index < bytes.endIndex, bytes[index] == UInt8(ascii: " ") || bytes[index] == UInt8(ascii: ":") { index += 1 }
+        var digits = ""
+        while index < bytes.endIndex, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) {
+            digits.append(Character(UnicodeScalar(bytes[index])))
+            index += 1
+        }
+        return Int(digits)
+    }
+
+    /// Swift's bulk delete: `POST /<container>?bulk-delete` with one `/container/key` per line.
+    /// The answer is 200 whatever happened to each key; its body (JSON) counts them. Keys not
+    /// counted as deleted or not found are returned, for the caller to delete one by one.
+    public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
+        guard !keys.isEmpty else { return [] }
+        guard bulkDeleteLimit != nil else {
+            for key in keys {
+                do {
+                    try delete(key: key)
+                } catch where error.code == .notFound {}
+            }
+            return []
+        }
+        let container = PercentEncoding.encode(configuration.container, keepSlash: false)
+        let lines = keys.map { "/" + container + "/" + PercentEncoding.encode($0, keepSlash: true) }
+        var request = Request(method: "POST", key: nil)
+        request.query = [("bulk-delete", "")]
+        request.listingFormat = false
+        request.contentType = "text/plain"
+        request.headers.append(("Accept", "application/json"))
+        request.body = .bytes(Array(lines.joined(separator: "\n").utf8))
+        let response = try send(request)
+        let body = response.body[...]
+        let done = (Self.jsonNumber("Number Deleted", in: body) ?? 0) + (Self.jsonNumber("Number Not Found", in: body) ?? 0)
+        if done == keys.count { return [] }
+        // Some failed (or the answer says nothing we can read): the caller deletes each of them
+        // again (a DELETE of a deleted key is harmless).
+        return keys
+    }
+
     public func post(key: String, contentType: String, metadata: [String: String], manifest: String?)
         throws(ObjectStoreError)
     {
@@ -248,6 +342,10 @@ public final class HTTPObjectStore: ObjectStore {
         var isCopy = false
         /// Attempts of this request (nil: the configuration's).
         var maxAttempts: Int? = nil
+        /// Sent as `?format=xml` (listings' format); other query items follow.
+        var listingFormat = true
+        /// A path of the server instead of the container's (`/info`): sent unsigned.
+        var path: String? = nil
     }
 
     struct Response {
@@ -367,13 +465,14 @@ public final class HTTPObjectStore: ObjectStore {
     }
 
     private func url(for request: Request) -> String {
+        if let path = request.path { return configuration.baseURL + path }
         var url = configuration.baseURL + "/" + PercentEncoding.encode(configuration.container, keepSlash: false)
         if let key = request.key { url += "/" + PercentEncoding.encode(key, keepSlash: true) }
-        url += "?format=xml"
+        var items = request.listingFormat ? ["format=xml"] : []
         for (name, value) in request.query {
-            url += "&\(name)=\(PercentEncoding.encode(value, keepSlash: false))"
+            items.append(value.isEmpty ? name : "\(name)=\(PercentEncoding.encode(value, keepSlash: false))")
         }
-        return url
+        return items.isEmpty ? url : url + "?" + items.joined(separator: "&")
     }
 
     /// One attempt, counted in the metrics. A failed one takes back the upload progress it made.
@@ -424,10 +523,12 @@ public final class HTTPObjectStore: ObjectStore {
             let upper = range.upper >= Int64.max - 1 ? "" : String(range.upper)
             headers.append(("Range", "bytes=\(range.lower)-\(upper)"))
         }
-        let authorization = configuration.signer.authorization(
-            method: request.method, contentMD5: nil, contentType: request.contentType, date: date,
-            headers: request.headers, resource: resource)
-        headers.append(("Authorization", authorization))
+        if request.path == nil {
+            let authorization = configuration.signer.authorization(
+                method: request.method, contentMD5: nil, contentType: request.contentType, date: date,
+                headers: request.headers, resource: resource)
+            headers.append(("Authorization", authorization))
+        }
         // Swift answers 100-continue quickly, but skipping the round trip is faster still.
         headers.append(("Expect", ""))
 
@@ -471,7 +572,14 @@ public final class HTTPObjectStore: ObjectStore {
                 _ = cssp_curl_setopt_long(h, CURLOPT_UPLOAD, 1)
                 _ = cssp_curl_setopt_off(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(context.uploadLength))
                 _ = cssp_curl_setopt_data_cb(h, CURLOPT_READFUNCTION, curlRead)
-            default: _ = cssp_curl_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, request.method)
+            default:
+                if request.body != nil {
+                    // A body with another method (a bulk delete's POST): sent as an upload is.
+                    _ = cssp_curl_setopt_long(h, CURLOPT_UPLOAD, 1)
+                    _ = cssp_curl_setopt_off(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(context.uploadLength))
+                    _ = cssp_curl_setopt_data_cb(h, CURLOPT_READFUNCTION, curlRead)
+                }
+                _ = cssp_curl_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, request.method)
             }
             let opaque = Unmanaged.passUnretained(context).toOpaque()
             _ = cssp_curl_setopt_data_cb(h, CURLOPT_HEADERFUNCTION, curlHeader)

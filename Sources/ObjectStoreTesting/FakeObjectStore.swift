@@ -18,6 +18,8 @@ public final class FakeObjectStore: ObjectStore {
         public var delete = 0
         public var copy = 0
         public var post = 0
+        /// Bulk delete requests (each deletes many keys; `delete` does not count their keys).
+        public var bulkDelete = 0
         public init() {}
     }
 
@@ -289,5 +291,29 @@ public final class FakeObjectStore: ObjectStore {
                 throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
             }
         }
+    }
+    /// Whether this store deletes many keys in one request (`bulkDeleteLimit`); tests turn it
+    /// on, as a server whose /info advertises Swift's bulk middleware.
+    private let bulkLimit = Locked<Int?>(nil)
+
+    public func allowBulkDelete(limit: Int?) { bulkLimit.withLock { $0 = limit } }
+
+    public var bulkDeleteLimit: Int? { bulkLimit.withLock { $0 } }
+
+    public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
+        guard let limit = bulkDeleteLimit else {
+            for key in keys {
+                do {
+                    try delete(key: key)
+                } catch where error.code == .notFound {}
+            }
+            return []
+        }
+        precondition(keys.count <= limit, "a bulk delete of \(keys.count) keys, more than the \(limit) allowed")
+        state.withLock { s in
+            s.counts.bulkDelete += 1
+            for key in keys { s.objects.removeValue(forKey: key.exact) }
+        }
+        return []
     }
 }

@@ -10,10 +10,10 @@ public final class FaultInjectingStore: ObjectStore {
     /// One call, as the decision sees it.
     public struct Call: Sendable, CustomStringConvertible {
         public enum Operation: String, Sendable, CaseIterable {
-            case headContainer, list, head, get, put, putPart, putManifest, copy, delete, post
+            case headContainer, list, head, get, put, putPart, putManifest, copy, delete, post, bulkDelete
         }
         public var operation: Operation
-        /// The key (the destination of a copy, the prefix of a list).
+        /// The key (the destination of a copy, the prefix of a list, the first key of a bulk delete).
         public var key: String
         /// How many calls of this operation came before this one (0 for the first).
         public var index: Int
@@ -171,6 +171,12 @@ public final class FaultInjectingStore: ObjectStore {
 
     public func delete(key: String) throws(ObjectStoreError) {
         try run(.delete, key) { () throws(ObjectStoreError) in try wrapped.delete(key: key) }
+    }
+
+    public var bulkDeleteLimit: Int? { wrapped.bulkDeleteLimit }
+
+    public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
+        try run(.bulkDelete, keys.first ?? "") { () throws(ObjectStoreError) in try wrapped.bulkDelete(keys: keys) }
     }
 
     public func post(key: String, contentType: String, metadata: [String: String], manifest: String?)

@@ -101,6 +101,22 @@ extension Environment {
     }
 }
 
+extension Environment {
+    /// Requests clients sent since `since` (seconds) whose logged path contains `text` (the
+    /// query too, percent-encoded: `bulk-delete`).
+    func clientRequests(containing text: String, since: Double) throws -> Int {
+        guard let serverDirectory else { throw HarnessError("CSSP_SERVER_DIR is not set (scripts/test sets it)") }
+        let log = try String(contentsOfFile: serverDirectory + "/log/proxy.log", encoding: .utf8)
+        return log.split(separator: "\n").filter { line in
+            let fields = line.split(separator: " ")
+            guard fields.count > 5, fields[1] != "-", let start = Double(fields[fields.count - 3]), start >= since else {
+                return false
+            }
+            return fields[5].contains(text)
+        }.count
+    }
+}
+
 struct HarnessError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }

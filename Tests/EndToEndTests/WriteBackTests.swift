@@ -89,4 +89,64 @@ struct WriteBackMountTests {
             #expect(try second.unmount() == 0)
         }
     }
+
+    /// Seeds `count` files below `tree/` in two directories, and `keep` beside it.
+    func seedTree(_ scene: Scene, count: Int) throws {
+        for i in 0..<count {
+            try scene.store.raw.put(
+                key: "tree/\(i % 2 == 0 ? "a" : "b")/f\(i)", body: .bytes(Array("file \(i)".utf8)), contentType: nil, metadata: [:])
+        }
+        try scene.store.raw.put(key: "keep", body: .bytes(Array("kept".utf8)), contentType: nil, metadata: [:])
+    }
+
+    func storedNames(_ scene: Scene) throws -> [String] {
+        try scene.store.raw.listAll(prefix: "", delimiter: nil).map(\.name)
+    }
+
+    /// rm -rf in write-back mode returns with the deletes journaled; the server (Swift's bulk
+    /// middleware, advertised in /info) gets them in bulk deletes; the unmount waits for them.
+    @Test func rmRfSendsBulkDeletesAndTheUnmountWaitsForThem() throws {
+        let scene = try Scene("wb-rmrf")
+        defer { scene.cleanUp() }
+        let files = 80
+        try seedTree(scene, count: files)
+        let mount = try scene.mount(["writeback"])
+        let started = Date().timeIntervalSince1970
+        let removed = try shell("rm -rf \(quoted(mount.path("tree")))")
+        #expect(removed.status == 0, "\(removed.stderr)")
+        #expect(try shell("ls -A \(quoted(mount.path("")))").stdout == "keep\n")
+        #expect(try mount.unmount() == 0)
+        #expect(try storedNames(scene) == ["keep"])
+        let bulk = try scene.environment.clientRequests(containing: "bulk-delete", since: started)
+        let requests = try scene.environment.clientRequests(container: scene.container, since: started)
+        print("rm -rf of \(files) files in write-back mode: \(bulk) bulk deletes, \(requests)")
+        #expect(bulk >= 1, "\(requests)")
+        #expect(bulk + requests["DELETE", default: 0] < files / 2, "\(bulk) bulk deletes, \(requests)")
+    }
+
+    /// kill -9 with every delete of an rm -rf still owed (the server refused them): the next
+    /// mount hides the names at once and sends the deletes.
+    @Test func deletesADaemonKilledBeforeSendingAreSentByTheNextMount() throws {
+        let scene = try Scene("wb-rmkill")
+        defer { scene.cleanUp() }
+        let files = 30
+        try seedTree(scene, count: files)
+        let faultFile = try scene.environment.faultFile()
+        defer { try? FileManager.default.removeItem(atPath: faultFile) }
+        try "POST status=503 /\(scene.container)\nDELETE status=503 /\(scene.container)/\n".writeReplacing(file: faultFile)
+        let first = try scene.mount(["writeback"])
+        let removed = try shell("rm -rf \(quoted(first.path("tree")))")
+        #expect(removed.status == 0, "\(removed.stderr)")
+        #expect(try storedNames(scene).count == files + 1, "the server refused every delete")
+        kill(first.child.pid, SIGKILL)
+        _ = first.waitForExit()
+        try withExtendedLifetime(first) {
+            #expect(try shell("fusermount3 -u \(quoted(first.directory))").status == 0)
+            try FileManager.default.removeItem(atPath: faultFile)
+            let second = try scene.mount()
+            #expect(try shell("ls -A \(quoted(second.path("")))").stdout == "keep\n")
+            #expect(try second.unmount() == 0)
+            #expect(try storedNames(scene) == ["keep"], "\(second.stderrText)")
+        }
+    }
 }

@@ -188,7 +188,7 @@ final class ReferenceModelRun {
     /// Failed uploads are expected here (closes while the store refuses); their log lines are not.
     static let quietLogger: Logger = {
         var logger = Logger(label: "model")
-        logger.logLevel = .critical
+        logger.logLevel = ProcessInfo.processInfo.environment["CSSP_MODEL_LOG"] != nil ? .info : .critical
         return logger
     }()
     let clock = ManualClock()

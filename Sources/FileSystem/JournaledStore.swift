@@ -1,0 +1,150 @@
+import ObjectStore
+
+/// The store as this mount must see it while deletes are owed (`DeleteQueue`): keys whose
+/// delete is journaled are gone from listings and HEADs, and a write to such a key waits until
+/// its delete is done (the store never sees the delete after the newer write). Everything else
+/// passes through unchanged; with nothing owed it costs one check per call.
+///
+/// Subtleties:
+/// 1. A directory is listed (common prefix `d/`) while any key below it exists. When deletes
+///    below it are owed, one more listing of `d/` (as many keys as are owed there, plus one)
+///    says whether anything else is left.
+/// 2. A directory object `d` (application/directory) beside an owed marker `d/` is hidden too:
+///    the queue deletes it with the marker.
+/// 3. A listing page that lost entries to the filter is filled from the next page, so that a
+///    caller asking for `limit` entries (rmdir's emptiness check asks for two) is not told the
+///    listing ended early.
+/// 4. GETs are not filtered: a file unlinked while open stays readable, as on a local disk.
+/// 5. Only the version a delete names is hidden (`DeleteQueue` subtlety 5): another client's
+///    newer version, which the delete will leave, shows at once.
+final class JournaledStore: ObjectStore {
+    let wrapped: any ObjectStore
+    let deletes: DeleteQueue
+
+    init(_ wrapped: any ObjectStore, deletes: DeleteQueue) {
+        self.wrapped = wrapped
+        self.deletes = deletes
+    }
+
+    var containerName: String { wrapped.containerName }
+    var bulkDeleteLimit: Int? { wrapped.bulkDeleteLimit }
+
+    func headContainer() throws(ObjectStoreError) -> ContainerInfo { try wrapped.headContainer() }
+
+    /// Whether the listing entry is a key (or directory) whose delete is owed.
+    private func isHidden(_ entry: ListEntry) throws(ObjectStoreError) -> Bool {
+        switch entry {
+        case .object(let summary):
+            if ObjectKey.isDirectoryContentType(summary.contentType) && deletes.isPending(summary.key + "/") { return true }
+            return try isDeleted(summary)
+        case .commonPrefix(let prefix):
+            let owed = deletes.pendingCount(withPrefix: prefix)
+            guard owed > 0 else { return false }
+            // Subtlety 1: anything left below it that is not owed?
+            var marker: String? = nil
+            repeat {
+                let page = try wrapped.list(prefix: prefix, delimiter: nil, marker: marker, limit: min(10_000, owed + 1))
+                for case .object(let summary) in page.entries where try !isDeleted(summary) { return false }
+                marker = page.nextMarker
+            } while marker != nil
+            return true
+        }
+    }
+
+    /// Whether the listed object is a version whose delete is owed (subtlety 5): a listing that
+    /// disagrees with the version the delete names is checked with a HEAD.
+    private func isDeleted(_ summary: ObjectSummary) throws(ObjectStoreError) -> Bool {
+        guard let version = deletes.pendingVersion(summary.key) else { return false }
+        if version.isEmpty || version == summary.etag { return true }
+        // A DLO manifest lists with size 0: anything longer is another version.
+        if version.hasPrefix(DeleteEntry.manifestTag) && summary.size > 0 { return false }
+        do {
+            let info = try wrapped.head(key: summary.key)
+            return DeleteEntry.version(etag: info.etag, manifest: info.manifest) == version
+        } catch where error.code == .notFound {
+            return true
+        }
+    }
+
+    func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        var page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit)
+        if deletes.isEmpty { return page }
+        var entries: [ListEntry] = []
+        while true {
+            for entry in page.entries {
+                if try !isHidden(entry) { entries.append(entry) }
+            }
+            // Subtlety 3.
+            guard entries.count < limit, let next = page.nextMarker else {
+                return ListPage(entries: entries, nextMarker: page.nextMarker)
+            }
+            page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: next, limit: limit - entries.count)
+        }
+    }
+
+    func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
+        let info = try wrapped.head(key: key)
+        guard !deletes.isEmpty else { return info }
+        let owed = deletes.pendingVersion(key).map { $0.isEmpty || $0 == DeleteEntry.version(etag: info.etag, manifest: info.manifest) }
+        if owed == true || (ObjectKey.isDirectoryContentType(info.contentType) && deletes.isPending(key + "/")) {
+            throw ObjectStoreError(.notFound, "'\(key)' is deleted (the delete is queued)", httpStatus: 404)
+        }
+        return info
+    }
+
+    func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
+        -> ObjectInfo
+    {
+        try wrapped.get(key: key, range: range, sink: sink)
+    }
+
+    /// Before the store is asked to write `key`: its owed delete first.
+    private func settle(_ key: String) throws(ObjectStoreError) {
+        guard !deletes.isEmpty else { return }
+        do {
+            try deletes.settle(key)
+        } catch {
+            throw ObjectStoreError(.transient, error.message)
+        }
+    }
+
+    func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError)
+        -> String
+    {
+        try settle(key)
+        return try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata)
+    }
+
+    func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {
+        try wrapped.putPart(key: key, body: body)
+    }
+
+    func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
+        throws(ObjectStoreError)
+    {
+        try settle(key)
+        try wrapped.putManifest(key: key, manifest: manifest, contentType: contentType, metadata: metadata)
+    }
+
+    func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
+        throws(ObjectStoreError)
+    {
+        try settle(destination)
+        try wrapped.copy(from: source, to: destination, contentType: contentType, metadata: metadata)
+    }
+
+    func delete(key: String) throws(ObjectStoreError) {
+        try wrapped.delete(key: key)
+    }
+
+    func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
+        try wrapped.bulkDelete(keys: keys)
+    }
+
+    func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError) {
+        try settle(key)
+        try wrapped.post(key: key, contentType: contentType, metadata: metadata, manifest: manifest)
+    }
+
+    func manifestETag(partETags: [String]) -> String { wrapped.manifestETag(partETags: partETags) }
+}
