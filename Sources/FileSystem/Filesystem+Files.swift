@@ -384,7 +384,9 @@ extension Filesystem {
     private func detach(_ open: SpoolFile, writable: Bool) {
         switch open.state.withLock({ $0.detach(writable: writable) }) {
         case .keep: return
-        case .journal: journal(open)
+        // The flush made what the close promises durable; what changed since (a chmod between
+        // the close and its release) is made durable by the next sync (WriteBack subtlety 5).
+        case .journal: journal(open, sync: false)
         case .retire: retire(open)
         case .upload:
             do {
@@ -413,7 +415,9 @@ extension Filesystem {
         }
         switch open.state.withLock({ $0.detach(writable: true) }) {
         case .keep: break
-        case .journal: journal(open)
+        // A change by path (chmod, touch, truncate) of a closed, queued file: the note survives
+        // the process at once, a power cut from the next synced one (WriteBack subtlety 5).
+        case .journal: journal(open, sync: false)
         case .retire: retire(open)
         case .upload:
             do {
@@ -651,7 +655,7 @@ extension Filesystem {
         // step: a write-back flush or a retire in between would otherwise see a clean spool
         // beside a node that still describes the old version, and a crash would find a note
         // whose base is not on the server any more.
-        open.noteLock.withLock { _ in
+        open.noteLock.withLock { note in
             let stillOwed: Bool = state.withLock { s in
                 let stillOwed = open.state.withLock { o in
                     if snapshot.dataDirty { o.baseETag = etag }
@@ -673,7 +677,12 @@ extension Filesystem {
                 return stillOwed
             }
             // Written meanwhile: the note describes the newer bytes over the version just stored.
-            if stillOwed { journalHeld(open) } else { Spool.removeNote(dataPath: open.path) }
+            if stillOwed {
+                journalHeld(open, note: &note)
+            } else {
+                Spool.removeNote(dataPath: open.path)
+                note = nil
+            }
         }
         if snapshot.dataDirty {
             seedCache(from: open, generation: snapshot.generation, size: snapshot.size, key: node.key, etag: etag)
@@ -703,12 +712,17 @@ extension Filesystem {
         }
         // As in `commitLocked`: the spool turns clean and the note goes (or describes what was
         // written meanwhile) in one step.
-        open.noteLock.withLock { _ in
+        open.noteLock.withLock { note in
             let stillOwed = open.state.withLock { o in
                 _ = o.uploaded(generation: snapshot.generation)
                 return o.needsUpload
             }
-            if stillOwed { journalHeld(open) } else { Spool.removeNote(dataPath: open.path) }
+            if stillOwed {
+                journalHeld(open, note: &note)
+            } else {
+                Spool.removeNote(dataPath: open.path)
+                note = nil
+            }
         }
         let stored = storeClock.tick()
         state.withLock { s in

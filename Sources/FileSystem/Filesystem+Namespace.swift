@@ -324,7 +324,10 @@ extension Filesystem {
     func markRemoved(_ open: SpoolFile) {
         let (early, _) = open.state.withLock { $0.remove() }
         if let early { discard(early) }
-        open.noteLock.withLock { _ in Spool.removeNote(dataPath: open.path) }
+        open.noteLock.withLock { note in
+            Spool.removeNote(dataPath: open.path)
+            note = nil
+        }
         // Owed no more (failed or queued): not listed while a reader keeps the spool.
         transfers.clearOwed(open.inode)
     }
@@ -531,7 +534,9 @@ extension Filesystem {
             spool.state.withLock { $0.baseETag = existing.etag }
         }
         state.withLock { s in finish(&s) }
-        journal(spool)
+        // Not synced: a rename is durable at the next fsync of its directory (as on a local
+        // disk), or the next synced note (WriteBack subtlety 5).
+        journal(spool, sync: false)
         if let node = state.withLock({ $0.inodes[source.inode] }) { transfers.move(source.inode, to: node.key) }
         return true
     }

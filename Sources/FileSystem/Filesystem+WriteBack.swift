@@ -20,6 +20,13 @@ import Glibc
 ///    of one removes the note: no request either.
 /// 4. A flush while the queue's upload runs leaves newer bytes: `SpoolState.requeue` queues the
 ///    spool again once that upload ends.
+/// 5. A close syncs its bytes and its note; nothing else waits for a sync. A flush whose bytes
+///    a flush already synced (the close of a dup'ed descriptor) syncs nothing, a note that would
+///    say what the last one said is not written again (the release after a close), and the
+///    notes of a chmod, chown, touch or rename of a queued file are written without a sync:
+///    they survive the process at once, and a power cut once the next close, an fsync of the
+///    directory (`fsyncDirectory`: the spool's filesystem synced) or the upload makes them
+///    durable, as a rename on a local disk is durable at the next fsync of its directory.
 extension Filesystem {
     /// The flush of a write-back mount: journals the spool's bytes (fdatasync, then a synced
     /// note) and queues their upload. Fails, with nothing queued, when the bytes or the note
@@ -28,10 +35,13 @@ extension Filesystem {
         let snapshot = open.state.withLock { $0 }
         try Self.requireNoWriteFailure(snapshot)
         guard snapshot.needsUpload, let node = state.withLock({ $0.inodes[open.inode] }) else { return }
-        try open.usingDescriptor { (fd) throws(FSError) in
-            guard fdatasync(fd) == 0 else {
-                throw FSError(.ioError, "cannot sync \(open.path) for write-back: \(String(cString: strerror(errno)))")
+        if snapshot.syncedGeneration != snapshot.generation || snapshot.changesInProgress > 0 {
+            try open.usingDescriptor { (fd) throws(FSError) in
+                guard fdatasync(fd) == 0 else {
+                    throw FSError(.ioError, "cannot sync \(open.path) for write-back: \(String(cString: strerror(errno)))")
+                }
             }
+            if snapshot.changesInProgress == 0 { open.state.withLock { $0.syncedGeneration = snapshot.generation } }
         }
         guard journal(open) else {
             // Stored meanwhile (the queue's upload of an earlier flush took these bytes too), or
@@ -74,24 +84,28 @@ extension Filesystem {
         retire(open)
     }
 
-    /// Writes `open`'s note, synced, from its node as it is now: what a later mount stores if
-    /// this one cannot. Only while an upload is owed (not after it was stored or the file was
-    /// removed); returns whether a note was written.
+    /// Writes `open`'s note from its node as it is now: what a later mount stores if this one
+    /// cannot. Only while an upload is owed (not after it was stored or the file was removed);
+    /// returns whether the note says that now. A note that would say what the last one said is
+    /// not written again. `sync: false` (an attribute change of a closed file): the note
+    /// survives the process, and the next synced note (a close, a rename) a power cut.
     @discardableResult
-    func journal(_ open: SpoolFile) -> Bool {
-        open.noteLock.withLock { _ in journalHeld(open) }
+    func journal(_ open: SpoolFile, sync: Bool = true) -> Bool {
+        open.noteLock.withLock { note in journalHeld(open, note: &note, sync: sync) }
     }
 
-    /// `journal`, for a caller that holds the spool's `noteLock`.
+    /// `journal`, for a caller that holds the spool's `noteLock` (`note`: what it guards).
     @discardableResult
-    func journalHeld(_ open: SpoolFile) -> Bool {
+    func journalHeld(_ open: SpoolFile, note: inout SpoolFile.WrittenNote?, sync: Bool = true) -> Bool {
         guard let node = state.withLock({ $0.inodes[open.inode] }) else { return false }
         let (owed, base) = open.state.withLock { ($0.needsUpload, $0.baseETag) }
         guard owed else { return false }
         let (contentType, metadata) = storedForm(of: node)
-        return Spool.writePendingNote(
-            dataPath: open.path,
-            upload: Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base))
+        let upload = Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base)
+        if let note, note.upload == upload, note.synced || !sync { return true }
+        guard Spool.writePendingNote(dataPath: open.path, upload: upload, sync: sync) else { return false }
+        note = SpoolFile.WrittenNote(upload: upload, synced: sync)
+        return true
     }
 
     /// `mount.cssp --status`: the uploads (`Transfers.report`), then the deletes owed.
@@ -104,8 +118,13 @@ extension Filesystem {
         return out + "\n"
     }
 
-    /// fsync of a directory: a barrier for the deletes owed (write-back unlinks and rmdirs).
+    /// fsync of a directory: the journal's notes are made durable (renames and attribute
+    /// changes of queued files, written unsynced), and the deletes owed are stored.
     public func fsyncDirectory() throws(FSError) {
+        guard configuration.writeBack || !deletes.isEmpty else { return }
+        guard spool.sync() else {
+            throw FSError(.ioError, "cannot sync the journal in \(spool.directory): \(String(cString: strerror(errno)))")
+        }
         guard !deletes.isEmpty else { return }
         guard deletes.flush(timeout: .infinity) else {
             throw FSError(.ioError, "deletes this mount owes are not stored yet: \(deletes.backlog().lastError ?? "the store failed")")

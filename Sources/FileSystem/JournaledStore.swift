@@ -67,18 +67,24 @@ final class JournaledStore: ObjectStore {
     }
 
     func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
-        var page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit)
-        if deletes.isEmpty { return page }
+        let owed = deletes.pendingCount(withPrefix: prefix)
+        guard owed > 0 else { return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit) }
+        // Subtlety 3: asked for enough to fill `limit` after the owed ones are left out, and for
+        // more from the next page if that was not enough; what is returned stops at `limit`,
+        // with the marker after the last entry returned.
+        let ask = min(10_000, limit + owed)
         var entries: [ListEntry] = []
+        var page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: ask)
         while true {
             for entry in page.entries {
                 if try !isHidden(entry) { entries.append(entry) }
+                if entries.count == limit {
+                    let more = page.nextMarker != nil || entry.name != page.entries.last?.name
+                    return ListPage(entries: entries, nextMarker: more ? entry.name : nil)
+                }
             }
-            // Subtlety 3.
-            guard entries.count < limit, let next = page.nextMarker else {
-                return ListPage(entries: entries, nextMarker: page.nextMarker)
-            }
-            page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: next, limit: limit - entries.count)
+            guard let next = page.nextMarker else { return ListPage(entries: entries, nextMarker: nil) }
+            page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: next, limit: ask)
         }
     }
 

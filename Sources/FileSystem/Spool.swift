@@ -173,6 +173,15 @@ final class Spool: Sendable {
         return access(path, W_OK) == 0
     }
 
+    /// Makes everything written in the spool directory durable (its filesystem synced: notes
+    /// written without a sync, and the renames that put them in place).
+    func sync() -> Bool {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        return glibcSyncfs(fd) == 0
+    }
+
     /// Creates a new empty spool file, opened read-write.
     func create() throws(FSError) -> (path: String, fd: Int32) {
         let path = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".data"
@@ -246,8 +255,8 @@ final class Spool: Sendable {
     /// over the old note, so that a crash leaves one whole note or the other); returns whether
     /// the note is written.
     @discardableResult
-    static func writePendingNote(dataPath: String, upload: PendingUpload) -> Bool {
-        writeNote(String(dataPath.dropLast(".data".count)) + ".pending", upload, sync: true)
+    static func writePendingNote(dataPath: String, upload: PendingUpload, sync: Bool = true) -> Bool {
+        writeNote(String(dataPath.dropLast(".data".count)) + ".pending", upload, sync: sync)
     }
 
     /// Writes a note: a new file, renamed over the old one, so that a crash leaves one whole note
@@ -280,6 +289,10 @@ final class Spool: Sendable {
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
     }
 }
+
+/// glibc's syncfs(2), which its Swift module leaves out (it is declared under _GNU_SOURCE).
+@_silgen_name("syncfs")
+private func glibcSyncfs(_ fd: Int32) -> Int32
 
 /// A lock whose only job is to serialise a sequence of operations (held across network I/O on
 /// purpose; it guards no data, so it cannot be the kind of lock STYLE forbids holding there).

@@ -63,6 +63,9 @@ struct SpoolState: Equatable {
     var writeFailure: FSError? = nil
     /// A flush came while the spool was queued (see `queue`).
     private(set) var flushedWhileQueued = false
+    /// The generation whose bytes a write-back flush last synced (a second flush of the same
+    /// bytes, as a dup'ed descriptor's close makes, syncs nothing).
+    var syncedGeneration: UInt64? = nil
 
     init(size: Int64, dataDirty: Bool, baseETag: String = "") {
         self.size = size
@@ -238,7 +241,16 @@ final class SpoolFile: Sendable {
     /// the state): a leaf but for the filesystem's state lock and this spool's state lock, which
     /// it takes inside. Two threads journaling at once (a release and a rename of a queued file)
     /// otherwise leave whichever note they wrote last, perhaps under the old name.
-    let noteLock = Locked(0)
+    /// It guards the note as this process last wrote it (nil: none on disk), so that a note
+    /// that would say the same is not written again.
+    let noteLock = Locked<WrittenNote?>(nil)
+
+    /// A note as written: what it says, and whether it was synced (else it survives the
+    /// process, not a power cut).
+    struct WrittenNote {
+        var upload: Spool.PendingUpload
+        var synced: Bool
+    }
 
     init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {
         self.inode = inode
