@@ -27,6 +27,10 @@ import Glibc
 ///    they survive the process at once, and a power cut once the next close, an fsync of the
 ///    directory (`fsyncDirectory`: the spool's filesystem synced) or the upload makes them
 ///    durable, as a rename on a local disk is durable at the next fsync of its directory.
+/// 6. The queue is bounded (`writeBackMaxBytes`): a close that finds the files owed holding
+///    more waits for room (`waitForRoom`), storing the oldest queued file itself. Failed
+///    uploads count too: with the server gone, closes wait (never ENOSPC, never a drop) until
+///    retries store enough.
 extension Filesystem {
     /// The flush of a write-back mount: journals the spool's bytes (fdatasync, then a synced
     /// note) and queues their upload. Fails, with nothing queued, when the bytes or the note
@@ -52,6 +56,25 @@ extension Filesystem {
         guard open.state.withLock({ $0.queue() }) else { return }
         transfers.recordQueued(open.inode, key: node.key, size: snapshot.size, in: configuration.writeBackDelay)
         scheduleQueuedUpload(open, after: configuration.writeBackDelay)
+        waitForRoom(open)
+    }
+
+    /// Back-pressure (`writeback_max_mb`, subtlety 6): while the files owed hold more bytes
+    /// than the bound, the close stores the oldest queued file itself (this one, if it is the
+    /// oldest), or waits for an upload under way or a retry to end. Nothing is dropped, and the
+    /// spool never grows past the bound by more than the files being written.
+    func waitForRoom(_ open: SpoolFile) {
+        let limit = configuration.writeBackMaxBytes
+        while !transfers.hasRoom(limit: limit, for: open.inode) {
+            let oldest: SpoolFile? = transfers.queuedInodes.lazy.compactMap { inode in
+                self.state.withLock { $0.openFiles[inode] }
+            }.first { $0.state.withLock { $0.isQueued } }
+            if let oldest {
+                uploadQueued(oldest)
+            } else {
+                transfers.waitForChange(limit: limit, for: open.inode, timeout: 1)
+            }
+        }
     }
 
     func scheduleQueuedUpload(_ open: SpoolFile, after delay: Double) {
@@ -112,6 +135,9 @@ extension Filesystem {
     public func statusReport() -> String {
         let (count, oldest, lastError) = deletes.backlog()
         var out = transfers.report()
+        if configuration.writeBack {
+            out += "write-back journal: \(Transfers.bytes(transfers.owedBytes)) owed of \(Transfers.bytes(configuration.writeBackMaxBytes)) (writeback_max_mb)\n"
+        }
         out += "deletes owed: \(count)"
         if count > 0 { out += ", the oldest for \(Transfers.seconds(oldest))" }
         if let lastError { out += "; failing, last error: \(lastError)" }

@@ -38,9 +38,12 @@ public final class Transfers: Sendable {
         var nextID = 0
         var running: [Int: Running] = [:]
         var owed: [InodeNumber: Owed] = [:]
+        /// Bumped by every change of `owed`.
+        var changes: UInt64 = 0
     }
 
-    private let state = Locked(State())
+    /// Guards the tables; every change wakes `waitForRoom`.
+    private let state = ConditionLocked(State())
 
     public init() {}
 
@@ -62,6 +65,7 @@ public final class Transfers: Sendable {
         state.withLock { s in
             let tries = (s.owed[inode]?.tries ?? 0) + 1
             s.owed[inode] = Owed(key: key, size: size, tries: tries, lastError: error, nextTry: nil, queued: false)
+            s.changes += 1
         }
     }
 
@@ -69,6 +73,7 @@ public final class Transfers: Sendable {
     func recordQueued(_ inode: InodeNumber, key: String, size: Int64, in delay: Double) {
         state.withLock { s in
             s.owed[inode] = Owed(key: key, size: size, tries: 0, lastError: "", nextTry: Self.monotonic() + delay, queued: true)
+            s.changes += 1
         }
     }
 
@@ -83,10 +88,38 @@ public final class Transfers: Sendable {
     }
 
     func clearOwed(_ inode: InodeNumber) {
-        state.withLock { _ = $0.owed.removeValue(forKey: inode) }
+        state.withLock { s in
+            if s.owed.removeValue(forKey: inode) != nil { s.changes += 1 }
+        }
     }
 
     var owedInodes: [InodeNumber] { state.withLock { Array($0.owed.keys) } }
+
+    /// Whether the uploads owed hold at most `limit` bytes, or `inode`'s is the only one
+    /// (write-back's bound, `writeback_max_mb`: a file larger than the bound alone goes through).
+    func hasRoom(limit: Int64, for inode: InodeNumber) -> Bool {
+        state.withLock { Self.hasRoom($0, limit: limit, for: inode) }
+    }
+
+    private static func hasRoom(_ s: State, limit: Int64, for inode: InodeNumber) -> Bool {
+        s.owed.values.reduce(0) { $0 + $1.size } <= limit || s.owed.keys.allSatisfy { $0 == inode }
+    }
+
+    /// Waits until `hasRoom`, or something owed changed, or `timeout` seconds passed.
+    func waitForChange(limit: Int64, for inode: InodeNumber, timeout: Double) {
+        let before = state.withLock { $0.changes }
+        _ = state.withLock(when: { $0.changes != before || Self.hasRoom($0, limit: limit, for: inode) }, timeout: timeout) { _ in }
+    }
+
+    /// The queued uploads, oldest first (write-back's back-pressure stores the oldest itself).
+    var queuedInodes: [InodeNumber] {
+        state.withLock { s in
+            s.owed.filter { $0.value.queued }.sorted { ($0.value.nextTry ?? 0) < ($1.value.nextTry ?? 0) }.map(\.key)
+        }
+    }
+
+    /// The bytes of the uploads owed.
+    var owedBytes: Int64 { state.withLock { $0.owed.values.reduce(0) { $0 + $1.size } } }
 
     public var running: [Running] { state.withLock { Array($0.running.values) }.sorted { $0.started < $1.started } }
     public var owed: [Owed] {

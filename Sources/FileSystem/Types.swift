@@ -142,6 +142,10 @@ public struct FilesystemConfiguration: Sendable {
     /// Seconds a closed file waits in the write-back queue before its upload starts, so that a
     /// rename right after the close (rsync's temporary name) costs no request.
     public var writeBackDelay: Double = 1
+    /// The most bytes of files owed (queued or failed) before a write-back close waits for room
+    /// (`writeback_max_mb`; the mount's default is a quarter of the free space of `cache_dir`,
+    /// at least 256 MiB).
+    public var writeBackMaxBytes: Int64 = 1 << 30
     /// Seconds between retries of an upload that failed at close (doubling, capped at a minute).
     public var pendingRetrySeconds: Double = 2
     /// The clock cache ages are measured on, in seconds (nil: the monotonic clock). Tests set it

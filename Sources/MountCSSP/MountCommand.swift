@@ -257,6 +257,8 @@ enum MountCommand {
         if let seconds = Double(env["CSSP_TEST_PENDING_RETRY_SECONDS"] ?? "") { fsConfiguration.pendingRetrySeconds = seconds }
         let cacheDirectory = cacheDirectory(options, env)
         if let problem = unsafeSharedDirectory(cacheDirectory, options, env) { return fail(problem, ExitStatus.usage) }
+        fsConfiguration.writeBackMaxBytes = options.writeBackMaxMiB.map { Int64($0) << 20 }
+            ?? max(256 << 20, Self.freeSpace(cacheDirectory) / 4)
         let blockCache = BlockCache.open(
             path: cacheDirectory + "/blocks.db", capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory),
             blockSize: options.cacheBlockKiB << 10, logger: logger)
@@ -434,6 +436,11 @@ enum MountCommand {
 
     /// 4 GiB, or a quarter of the free space where the cache lives if that is less (at least 64 MiB).
     static func defaultCacheSize(_ directory: String) -> Int64 {
+        max(64 << 20, min(4 << 30, freeSpace(directory) / 4))
+    }
+
+    /// The bytes free for users where `directory` is (or would be), 16 GiB when unknown.
+    static func freeSpace(_ directory: String) -> Int64 {
         var path = directory
         var fs = statvfs()
         while statvfs(path, &fs) != 0 {
@@ -443,9 +450,8 @@ enum MountCommand {
             }
             path = String(path[..<slash])
         }
-        guard statvfs(path, &fs) == 0 else { return 4 << 30 }
-        let free = Int64(fs.f_bavail) * Int64(fs.f_frsize)
-        return max(64 << 20, min(4 << 30, free / 4))
+        guard statvfs(path, &fs) == 0 else { return 16 << 30 }
+        return Int64(fs.f_bavail) * Int64(fs.f_frsize)
     }
 
     /// Lets the kernel send 1 MiB sequential reads instead of 128 KiB ones (a per-mount setting;

@@ -46,6 +46,8 @@ public struct MountOptions: Sendable, Equatable {
     /// Write-back: a close journals the file locally and returns; a queue stores it.
     public var writeBack = false
     public var writeBackDelay = 1.0
+    /// `writeback_max_mb` (nil: a quarter of the free space of cache_dir, at least 256 MiB).
+    public var writeBackMaxMiB: Int? = nil
     /// `-o log_level`: error, warn, notice (the default), info or debug; nil when not given.
     public var logLevel: String? = nil
     /// Listed entries HEADed in the background per listing (0: none).
@@ -293,6 +295,7 @@ public enum Arguments {
         case "drain_timeout": options.drainTimeout = try integer(0...86_400)
         case "writeback": options.writeBack = true
         case "writeback_delay": options.writeBackDelay = try seconds()
+        case "writeback_max_mb": options.writeBackMaxMiB = try integer(1...(1 << 24))
         case "log_level":
             let level = try needValue()
             guard ["error", "warn", "notice", "info", "debug"].contains(level) else {
@@ -377,6 +380,8 @@ public enum Arguments {
                                  a queue stores them (off by default; fsync and unmount wait)
           writeback_delay=S      seconds a closed file waits in that queue, so that a rename
                                  right after the close costs no request (default 1)
+          writeback_max_mb=N     closes wait while the files not yet stored hold more than this
+                                 (default a quarter of the free space of cache_dir, at least 256)
           max_threads=N          FUSE worker threads (default 16)
           retries=N              retries of a failed idempotent request (default 6)
           connect_timeout=S      seconds to connect (default 10)

@@ -1,4 +1,6 @@
+import Dispatch
 import Foundation
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -13,11 +15,14 @@ struct WriteBackTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
 
-    func makeFilesystem(_ store: any ObjectStore, spool: String? = nil) -> Filesystem {
+    func makeFilesystem(
+        _ store: any ObjectStore, spool: String? = nil, maxBytes: Int64 = 1 << 30, retrySeconds: Double = 3600
+    ) -> Filesystem {
         var configuration = FilesystemConfiguration()
         configuration.writeBack = true
         configuration.writeBackDelay = 3600
-        configuration.pendingRetrySeconds = 3600
+        configuration.writeBackMaxBytes = maxBytes
+        configuration.pendingRetrySeconds = retrySeconds
         configuration.spoolDirectory = spool ?? NSTemporaryDirectory() + "cssp-writeback-spool-" + UUID().uuidString
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
@@ -279,6 +284,53 @@ struct WriteBackTests {
         drain(fs)
         #expect(store.keys == ["g"])
         #expect(store.object("g")?.metadata["mode"] == "0600")
+    }
+
+    /// writeback_max_mb: a close that finds the journal full stores the oldest queued files
+    /// itself until there is room; nothing waits for the queue's delay.
+    @Test func aFullJournalMakesTheCloseStoreTheOldestFiles() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store, maxBytes: 20)
+        defer { fs.shutdown() }
+        for i in 1...5 {
+            _ = try writeFile(fs, root, "f\(i)", "8 bytes\(i)")
+            #expect(fs.transfers.owedBytes <= 20, "after f\(i): \(fs.transfers.owedBytes) bytes owed")
+        }
+        #expect(store.keys == ["f1", "f2", "f3"], "the oldest stored by the closes that found no room")
+        #expect(fs.statusReport().contains("write-back journal: 16 B owed of 20 B"))
+        drain(fs)
+        #expect(store.keys == ["f1", "f2", "f3", "f4", "f5"])
+    }
+
+    /// With the server refusing uploads and the journal full, a close waits (no ENOSPC, nothing
+    /// dropped) until retries make room.
+    @Test func aCloseWaitsForRoomWhileTheServerRefusesUploads() throws {
+        let fake = FakeObjectStore()
+        let refusing = Locked(false)
+        let refused = ConditionLocked(0)
+        let store = FaultInjectingStore(fake) { call in
+            guard call.operation == .put, refusing.withLock({ $0 }) else { return .none }
+            refused.withLock { $0 += 1 }
+            return .before(.transient)
+        }
+        let fs = makeFilesystem(store, maxBytes: 10, retrySeconds: 0.05)
+        defer { fs.shutdown() }
+        _ = try writeFile(fs, root, "a", "8 bytes!")
+        refusing.withLock { $0 = true }
+        let closed = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            _ = try? writeFile(fs, root, "b", "8 bytes?")
+            closed.signal()
+        }
+        // The close tried (and the retries of "a" keep trying): it cannot have returned, since
+        // nothing can be stored.
+        _ = refused.withLock(when: { $0 >= 3 }) { _ in }
+        #expect(closed.wait(timeout: .now()) == .timedOut, "the close returned with the journal full")
+        refusing.withLock { $0 = false }
+        closed.wait()
+        drain(fs)
+        #expect(fake.object("a")?.bytes == Array("8 bytes!".utf8))
+        #expect(fake.object("b")?.bytes == Array("8 bytes?".utf8))
     }
 }
 

@@ -50,6 +50,11 @@ struct ArgumentsTests {
         let o = try options(["http://h/c", "/m", "-o", "writeback,writeback_delay=0.5"])
         #expect(o.writeBack && o.writeBackDelay == 0.5)
         #expect(throws: ConfigurationError.self) { try options(["http://h/c", "/m", "-o", "writeback_delay=soon"]) }
+        #expect(plain.writeBackMaxMiB == nil)
+        #expect(try options(["http://h/c", "/m", "-o", "writeback,writeback_max_mb=512"]).writeBackMaxMiB == 512)
+        for bad in ["writeback_max_mb=0", "writeback_max_mb=lots", "writeback_max_mb"] {
+            #expect(throws: ConfigurationError.self) { try options(["http://h/c", "/m", "-o", bad]) }
+        }
     }
 
     /// Relative paths are the caller's: the daemon's directory becomes `/` once it detaches.
