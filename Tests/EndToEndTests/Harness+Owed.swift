@@ -20,13 +20,15 @@ func poll(seconds: Double, interval: useconds_t = 50_000, until condition: () th
 
 extension Environment {
     /// Whether the mount at `directory` (spool below `cache`) owes the server nothing: no upload in
-    /// progress or owed (`mount.cssp --status`), and no owed attribute change, whose note the man
+    /// progress or owed and no delete owed (`mount.cssp --status`), and no owed attribute change, whose note the man
     /// page's attr_write_delay says is journaled in the spool directory until it is stored
     /// (`--status` does not list those).
     func owesNothing(_ directory: String, cache: String) throws -> Bool {
         let status = try shell("\(quoted(binary)) --status \(quoted(directory))")
         guard status.status == 0 else { throw HarnessError("mount.cssp --status \(directory): \(status.stderr)") }
-        guard status.stdout.contains("uploads in progress: 0\n"), status.stdout.contains("uploads owed: 0\n") else {
+        guard status.stdout.contains("uploads in progress: 0\n"), status.stdout.contains("uploads owed: 0\n"),
+            status.stdout.contains("deletes owed: 0\n")
+        else {
             return false
         }
         let notes = try shell("find \(quoted(cache + "/spool")) -name '*.attributes' 2>/dev/null | head -1")
