@@ -47,8 +47,8 @@ import Glibc
 ///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
 ///    `dir/` marker) are HEADed. Our own changes update the remembered listing in place, and are
 ///    applied again to listings that complete after them (DirectoryCache rule 2).
-/// 3. Outside a remembered listing, a lookup asks the server twice: HEAD `key` and a one-entry
-///    listing of `key/`, then applies the same collision rule as readdir (DirectoryBuilder).
+/// 3. Outside a remembered listing, a lookup asks the server twice, at once: HEAD `key` and a
+///    one-entry listing of `key/`, then applies the same collision rule as readdir (DirectoryBuilder).
 /// 4. The prefix `.cssp-parts/` at the container root holds multipart parts; it is never shown.
 /// 5. A file with a spool is described by its spool (size, attributes not stored yet): listings
 ///    and HEADs never overwrite it. Every handle of one file reads what was written through this
@@ -488,16 +488,19 @@ public final class Filesystem: Sendable {
         var file: ObjectInfo? = nil
         var children: [ListEntry] = []
         let askedAt = storeClock.tick()
-        do {
-            do {
-                file = try store.head(key: key)
-            } catch where error.code == .notFound {
-                file = nil
+        // The HEAD and the peek go out together (issue 20, part 2: one round trip, not two).
+        let failure = pool.forEach(2, width: 2) { (index) throws(ObjectStoreError) in
+            if index == 0 {
+                do throws(ObjectStoreError) {
+                    file = try store.head(key: key)
+                } catch where error.code == .notFound {
+                    file = nil
+                }
+            } else {
+                children = try store.list(prefix: key + "/", delimiter: "/", marker: nil, limit: 2).entries
             }
-            children = try store.list(prefix: key + "/", delimiter: "/", marker: nil, limit: 2).entries
-        } catch {
-            throw FSError(storeError: error, operation: "lookup", path: key)
         }
+        if let failure { throw FSError(storeError: failure, operation: "lookup", path: key) }
         let directory = DirectoryBuilder.directory(name, key: key + "/")
         switch (file, children.isEmpty) {
         case (nil, true):
