@@ -385,20 +385,25 @@ workload_ls() {
 }
 
 # Writes the rsync tree $1 through the tool under test unless the server holds it already
-# (untimed; kept for later runs).
+# (untimed; kept for later runs). Fails (after a warning) when the tool did not store it all
+# within WAIT_TIMEOUT: the workloads that need it are then not recorded for that tool.
 seed_rsync_tree() {
     if [[ $("$TOOL" "$URL" ls "$1/" | awk '$1 == 4096' | wc -l) != 1000 ]]; then
         note "$TOOL_NAME: first rsync into $1/ (untimed; kept for later runs)"
         mount_fresh
-        rsync -a "$SRC_SMALL/" "$MNT/$1/"
-        wait_objects "$1/" 1000 4096
+        rsync -a "$SRC_SMALL/" "$MNT/$1/" || true
+        if ! (wait_objects "$1/" 1000 4096); then
+            note "WARNING: $TOOL_NAME did not store the rsync tree $1/; its rsync and find rows are left out"
+            unmount_it
+            return 1
+        fi
         unmount_it
     fi
 }
 
 workload_rsync() {
     local tree=rsync-${TOOL_NAME%%-*} t out s sent
-    seed_rsync_tree "$tree"
+    seed_rsync_tree "$tree" || return 0
     mount_fresh
     t=$(now)
     out=$(rsync -a --stats "$SRC_SMALL/" "$MNT/$tree/")
@@ -466,7 +471,7 @@ workload_rmrf() {
 
 workload_find() {
     local tree=rsync-${TOOL_NAME%%-*} t n
-    seed_rsync_tree "$tree"
+    seed_rsync_tree "$tree" || return 0
     mount_fresh
     t=$(now)
     n=$(find "$MNT/$tree" | wc -l)
