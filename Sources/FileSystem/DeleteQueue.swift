@@ -51,8 +51,6 @@ final class DeleteQueue: Sendable {
         var lastError: String? = nil
         /// No sender starts before this (a backoff after a failure).
         var notBefore: Double = 0
-        /// Deletes done since the mount (`--stats`).
-        var done = 0
 
         func sendable() -> Bool { queued.contains { $0.durable } }
     }
@@ -149,9 +147,6 @@ final class DeleteQueue: Sendable {
             return (all.count, all.map { now - $0.since }.max() ?? 0, s.failures > 0 ? s.lastError : nil)
         }
     }
-
-    /// Deletes done since the mount.
-    var doneCount: Int { state.withLock { $0.done } }
 
     /// Sends the owed deletes of `key` (or of every key below `prefix`, when `below`) now, or
     /// waits for the thread that sends or journals them (subtlety 2): the caller writes there
@@ -397,7 +392,6 @@ final class DeleteQueue: Sendable {
                 s.inFlight[pending.entry.sequence] = nil
                 if s.byKey[pending.entry.key.exact]?.sequence == pending.entry.sequence { s.byKey[pending.entry.key.exact] = nil }
             }
-            s.done += batch.count
             let recovered = s.failures > 0
             s.failures = 0
             s.lastError = nil
