@@ -283,7 +283,22 @@ extension Filesystem {
             _ = try requireWritableDirectory(parent, name: name)
             let target = try target(parent, name)
             guard target.kind != .directory else { throw FSError(.isADirectory, "unlink of a directory") }
-            let open = state.withLock { $0.openFiles[target.inode] }
+            // A spool's node is pinned once more while this runs: the upload this waits for
+            // retires the spool when it ends, and the node must still be here to say what that
+            // upload stored (the version the delete names).
+            let open: SpoolFile? = state.withLock { s in
+                let open = s.openFiles[target.inode]
+                if open != nil { s.inodes.pin(target.inode) }
+                return open
+            }
+            defer {
+                if open != nil {
+                    state.withLock { s in
+                        s.inodes.unpin(target.inode)
+                        s.sweep()
+                    }
+                }
+            }
             // Holding the file's upload lock: an upload under way ends first, and none starts until
             // the spool is marked removed, so the object cannot reappear after the DELETE.
             try withUploadsHeld(open.map { [$0] } ?? []) { () throws(FSError) in
@@ -566,7 +581,7 @@ extension Filesystem {
                 // Just stored or confirmed (rsync's temporary file): a plain object whose metadata
                 // the node knows, so no HEAD.
                 try store.copy(from: source.key, to: key, contentType: form?.contentType, metadata: form?.metadata)
-                try deleteMovedLater(source.key)
+                try deleteMovedLater(source.key, version: current.etag)
             } else {
                 let askedAt = storeClock.tick()
                 var info = try store.head(key: source.key)
@@ -594,7 +609,7 @@ extension Filesystem {
                     newManifest = target
                 } else {
                     try store.copy(from: source.key, to: key, contentType: form?.contentType, metadata: form?.metadata)
-                    try deleteMovedLater(source.key)
+                    try deleteMovedLater(source.key, version: info.etag)
                 }
             }
         } catch {
@@ -647,12 +662,13 @@ extension Filesystem {
     /// delete queue (`DeleteQueue`), so that a rename waits for one request, the COPY, not two
     /// in series (issue 20, part 2). The old name is gone from the mount at once (its node
     /// moved, `JournaledStore` hides the key); another client sees it until the delete is sent,
-    /// a moment later. Deleted now when the journal cannot be written. No version check (a
-    /// listing before the DELETE, which an unlink's delete gets): the DELETE follows the COPY
-    /// as closely as it did when the rename sent it, and a rename stays three requests a file.
-    private func deleteMovedLater(_ key: String) throws(ObjectStoreError) {
+    /// a moment later. Deleted now when the journal cannot be written. The delete names the
+    /// `version` copied, as an unlink's does: another client's newer version of the old name
+    /// shows at once and is left (the sender's check costs a listing per batch, in the
+    /// background).
+    private func deleteMovedLater(_ key: String, version: String) throws(ObjectStoreError) {
         do {
-            try deletes.enqueue(key: key, etag: "", kind: .object)
+            try deletes.enqueue(key: key, etag: version, kind: .object)
         } catch {
             try Self.deleteMoved(store, key)
         }

@@ -90,6 +90,38 @@ struct WriteBackDeleteTests {
         #expect(fs.statusReport().contains("deletes owed: 0"))
     }
 
+    /// A rename's COPY returns and the old name's delete waits in the queue; another client
+    /// writes the old name meanwhile: its version is not deleted.
+    @Test func aRenamesQueuedDeleteLeavesAnotherClientsNewVersion() throws {
+        let fake = FakeObjectStore()
+        fake.seed("b", Array("ours".utf8))
+        // Once the test says so, the sender's check (a listing, on another thread than the
+        // test's) and its DELETE wait until the other client has written: a write between the
+        // check and the DELETE is lost to it, as to any DELETE (DeleteQueue subtlety 5).
+        let held = Locked(false)
+        let written = DispatchSemaphore(value: 0)
+        let test = pthread_self()
+        let store = FaultInjectingStore(fake) { call in
+            if [.list, .delete, .bulkDelete].contains(call.operation) && pthread_equal(pthread_self(), test) == 0
+                && held.withLock({ $0 })
+            {
+                written.wait()
+                written.signal()
+            }
+            return .none
+        }
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try fs.lookup(parent: root, name: "b")
+        held.withLock { $0 = true }
+        try fs.rename(parent: root, name: "b", newParent: root, newName: "c", noReplace: false)
+        fake.seed("b", Array("theirs".utf8))
+        written.signal()
+        drain(fs)
+        #expect(fake.object("b")?.bytes == Array("theirs".utf8))
+        #expect(fake.object("c")?.bytes == Array("ours".utf8))
+    }
+
     /// rm -rf: the children's deletes are owed when rmdir checks the directory is empty, and
     /// the marker is deleted after them.
     @Test func rmdirOfADirectoryWhoseDeletesAreOwedWorksAndItsMarkerGoesLast() throws {
