@@ -170,31 +170,31 @@ extension Filesystem {
         }
     }
 
-    /// Stores the attribute changes an earlier process journaled, where the object is still the
-    /// version they were made on.
-    func recoverOwedAttributes() {
-        for (note, change) in spool.attributeLeftovers {
-            do {
-                let info = try store.head(key: change.key)
-                guard info.etag == change.base else {
-                    logger.warning(
-                        "attributes of '\(change.key)' owed by an earlier mount are dropped: another client changed the object since")
-                    Glibc.unlink(note)
-                    continue
-                }
-                var metadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
-                for (name, value) in change.metadata where Node.ownMetadataNames.contains(name) { metadata[name] = value }
-                try store.post(key: change.key, contentType: change.contentType, metadata: metadata, manifest: info.manifest)
-                Glibc.unlink(note)
-                logger.notice("stored the attributes of '\(change.key)', owed by an earlier mount")
-            } catch where error.code == .notFound {
-                Glibc.unlink(note)
-            } catch {
-                let failure = FSError(storeError: error, operation: "recover", path: change.key)
-                logger.error(
-                    "cannot store the attributes of '\(change.key)' yet: \(error); the note \(note) stays for the next mount",
-                    metadata: logFields(failure, operation: "recover"))
-            }
+    /// Stores the attribute change an earlier mount noted (`storeRecovered`): dropped when
+    /// another client changed the object since, or deleted it.
+    func recoverAttributes(note: String, change: Spool.PendingUpload) throws(ObjectStoreError) {
+        let info: ObjectInfo
+        do {
+            info = try recoveryStore.head(key: change.key)
+        } catch where error.code == .notFound {
+            Glibc.unlink(note)
+            return
         }
+        guard info.etag == change.base else {
+            logger.warning(
+                "attributes of '\(change.key)' owed by an earlier mount are dropped: another client changed the object since")
+            Glibc.unlink(note)
+            return
+        }
+        var metadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
+        for (name, value) in change.metadata where Node.ownMetadataNames.contains(name) { metadata[name] = value }
+        do {
+            try recoveryStore.post(key: change.key, contentType: change.contentType, metadata: metadata, manifest: info.manifest)
+        } catch where error.code == .notFound {
+            Glibc.unlink(note)
+            return
+        }
+        Glibc.unlink(note)
+        logger.notice("stored the attributes of '\(change.key)', owed by an earlier mount")
     }
 }

@@ -21,7 +21,9 @@ extension Filesystem {
         public var keepCache: Bool
     }
 
-    var uploader: Uploader {
+    var uploader: Uploader { uploader(store) }
+
+    func uploader(_ store: any ObjectStore) -> Uploader {
         Uploader(
             store: store, pool: pool, threshold: configuration.multipartThreshold, partSize: configuration.partSize,
             concurrency: configuration.uploadConcurrency, sharedParts: sharedParts, transfers: transfers)
@@ -505,19 +507,25 @@ extension Filesystem {
             let running = transfers.running, owed = transfers.owed
             // Write-back deletes: sent now, waited for below.
             let deletesOwed = deletes.flush(timeout: 0) ? 0 : deletes.backlog().count
-            if due.isEmpty && queued.isEmpty && running.isEmpty && owed.isEmpty && attributes.isEmpty && deletesOwed == 0 {
+            // What an earlier mount owed and the background recovery has not stored yet.
+            let earlier = recovered.count
+            if due.isEmpty && queued.isEmpty && running.isEmpty && owed.isEmpty && attributes.isEmpty && deletesOwed == 0
+                && earlier == 0
+            {
                 return []
             }
             let left = deadline - Transfers.monotonic()
             if left <= 0 {
                 return owed.map(\.key) + attributes.map { "attributes of \($0)" }
                     + (deletesOwed == 0 ? [] : ["\(deletesOwed) delete(s)"])
+                    + (earlier == 0 ? [] : ["\(earlier) change(s) an earlier mount owed"])
             }
             let waiting = "waiting up to \(Int(left.rounded(.up))) s (drain_timeout) for \(running.count) upload(s) in progress "
                 + "and \(owed.count) owed" + (owed.isEmpty ? "" : ": " + owed.prefix(5).map { "'\($0.key)'" }.joined(separator: ", "))
                 + (owed.count > 5 ? ", …" : "")
                 + (attributes.isEmpty ? "" : ", and the attributes of \(attributes.count) file(s)")
                 + (deletesOwed == 0 ? "" : ", and \(deletesOwed) delete(s)")
+                + (earlier == 0 ? "" : ", and \(earlier) change(s) an earlier mount owed")
             if waiting != lastReport {
                 report(waiting)
                 lastReport = waiting
@@ -525,6 +533,7 @@ extension Filesystem {
             for open in due { retryUpload(open) }
             for open in queued { uploadQueued(open) }
             for open in held { try? commit(open) }
+            if earlier > 0 { recovered.storeOwed() }
             usleep(UInt32(min(pause, max(left, 0.01)) * 1_000_000))
             pause = min(pause * 2, 5)
         }
@@ -546,10 +555,12 @@ extension Filesystem {
     /// Where an owed upload of bytes that replace `base` goes: `key` while the object there is
     /// still that version (or still absent for a new name), else a conflict copy beside it, so
     /// that neither another client's newer version nor ours is lost.
-    func destinationForOwedUpload(key: String, base: String) throws(ObjectStoreError) -> String {
+    func destinationForOwedUpload(key: String, base: String, store: (any ObjectStore)? = nil) throws(ObjectStoreError)
+        -> String
+    {
         let current: String?
         do {
-            current = try store.head(key: key).etag
+            current = try (store ?? self.store).head(key: key).etag
         } catch where error.code == .notFound {
             current = nil
         }
@@ -908,39 +919,56 @@ extension Filesystem {
 
     // MARK: Recovery
 
-    /// Stores what earlier processes owed: their journaled deletes first (their names are
-    /// hidden from the start, `JournaledStore`), then their uploads (notes), as conflict copies
-    /// where another client changed the object meanwhile; keeps data files without a note in
-    /// `lost+found/`. A delete that fails stays queued and is retried; an upload of a key whose
-    /// delete is still owed waits for it.
+    /// Stores what earlier processes owed, for as long as it takes (until `shutdown`): their
+    /// journaled deletes first (their names are hidden from the start, `JournaledStore`), then
+    /// their uploads and attribute changes, oldest first (`RecoveredWork`: their names are served
+    /// only once stored), as conflict copies where another client changed the object meanwhile.
+    /// Keeps data files without a note in `lost+found/`. A delete that fails stays queued and is
+    /// retried; an upload of a key whose delete is still owed waits for it.
     public func recoverPendingUploads() {
         if !deletes.isEmpty && !deletes.flush(timeout: 60) {
             logger.warning("deletes an earlier mount owed are not all stored yet; retrying in the background")
         }
-        for (path, upload) in spool.leftovers {
-            guard let upload else {
-                let kept = Spool.keepLost(dataPath: path)
-                let place = kept ?? path
-                logger.warning(
-                    "bytes of an earlier mount that no close acknowledged as stored: not uploaded, kept in \(place) (delete it when it is not needed)")
-                continue
-            }
-            var st = stat()
-            guard stat(path, &st) == 0 else { continue }
-            do {
-                var key = upload.key
-                if let base = upload.base { key = try destinationForOwedUpload(key: key, base: base) }
-                _ = try uploader.upload(
-                    path: path, size: Int64(st.st_size), key: key, contentType: upload.contentType, metadata: upload.metadata)
-                Spool.remove(dataPath: path)
-                logger.notice("stored '\(key)' from \(path), owed by an earlier mount")
-            } catch {
-                let failure = FSError(storeError: error, operation: "recover", path: upload.key)
-                logger.error(
-                    "cannot store '\(upload.key)' from \(path) yet: \(error); it stays for the next mount",
-                    metadata: logFields(failure, operation: "recover"))
+        for (path, upload) in spool.leftovers where upload == nil {
+            let kept = Spool.keepLost(dataPath: path)
+            let place = kept ?? path
+            logger.warning(
+                "bytes of an earlier mount that no close acknowledged as stored: not uploaded, kept in \(place) (delete it when it is not needed)")
+        }
+        for entry in recovered.entries {
+            var pause = 1.0
+            while true {
+                do {
+                    try recovered.store(entry)
+                    break
+                } catch {
+                    if pause == 1.0 {
+                        let failure = FSError(storeError: error, operation: "recover", path: entry.item.key)
+                        logger.error(
+                            "cannot store '\(entry.item.key)', owed by an earlier mount, yet: \(error); retrying (its name waits for it)",
+                            metadata: logFields(failure, operation: "recover"))
+                    }
+                    guard recovered.pause(pause) else { return }
+                    pause = min(pause * 2, 60)
+                }
             }
         }
-        recoverOwedAttributes()
+    }
+
+    /// Stores one thing an earlier mount owed (`RecoveredWork`), through `recoveryStore`.
+    func storeRecovered(_ item: RecoveredWork.Item) throws(ObjectStoreError) {
+        switch item {
+        case .upload(let path, let upload):
+            var st = stat()
+            guard stat(path, &st) == 0 else { return }
+            var key = upload.key
+            if let base = upload.base { key = try destinationForOwedUpload(key: key, base: base, store: recoveryStore) }
+            _ = try uploader(recoveryStore).upload(
+                path: path, size: Int64(st.st_size), key: key, contentType: upload.contentType, metadata: upload.metadata)
+            Spool.remove(dataPath: path)
+            logger.notice("stored '\(key)' from \(path), owed by an earlier mount")
+        case .attributes(let note, let change):
+            try recoverAttributes(note: note, change: change)
+        }
     }
 }

@@ -138,6 +138,8 @@ extension Filesystem {
         if configuration.writeBack {
             out += "write-back journal: \(Transfers.bytes(transfers.owedBytes)) owed of \(Transfers.bytes(configuration.writeBackMaxBytes)) (writeback_max_mb)\n"
         }
+        let earlier = recovered.count
+        if earlier > 0 { out += "owed by an earlier mount, not stored yet: \(earlier) (uploads and attribute changes)\n" }
         out += "deletes owed: \(count)"
         if count > 0 { out += ", the oldest for \(Transfers.seconds(oldest))" }
         if let lastError { out += "; failing, last error: \(lastError)" }

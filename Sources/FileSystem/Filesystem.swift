@@ -63,6 +63,10 @@ public final class Filesystem: Sendable {
     /// The store as this mount sees it: the container, less the keys whose delete is owed
     /// (`JournaledStore`).
     let store: any ObjectStore
+    /// The same without `recovered`: what recovery itself writes through (`RecoveredWork`).
+    let recoveryStore: any ObjectStore
+    /// Uploads and attribute changes earlier processes left journaled in the spool directory.
+    let recovered: RecoveredWork
     /// Deletes journaled by write-back unlinks and rmdirs (and left by an earlier mount).
     let deletes: DeleteQueue
     public let configuration: FilesystemConfiguration
@@ -148,7 +152,15 @@ public final class Filesystem: Sendable {
         deletes = DeleteQueue(
             journal: journal, store: raw, pool: pool, width: configuration.uploadConcurrency, logger: logger,
             deleteParts: { manifest, key in partsRemover.deleteParts(manifest: manifest, ofKey: key) })
-        self.store = JournaledStore(raw, deletes: deletes)
+        // A read-only mount stores nothing: it serves the store as it is.
+        let recovered = RecoveredWork(
+            configuration.readOnly
+                ? []
+                : spool.leftovers.compactMap { path, note in note.map { RecoveredWork.Item.upload(data: path, note: $0) } }
+                    + spool.attributeLeftovers.map { RecoveredWork.Item.attributes(note: $0.note, change: $0.change) })
+        self.recovered = recovered
+        self.store = JournaledStore(raw, deletes: deletes, recovered: recovered)
+        recoveryStore = JournaledStore(raw, deletes: deletes)
         state = Locked(
             State(
                 inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
@@ -165,9 +177,13 @@ public final class Filesystem: Sendable {
         registry.gauge("cssp_upload_bytes_total", help: "Bytes in all of the uploads in progress.") {
             Double(transfers.running.reduce(0) { $0 + $1.total })
         }
-        registry.gauge("cssp_pending_uploads", help: "Uploads owed: failed ones waiting for their retry, and write-back files queued.") {
-            Double(transfers.owed.count)
+        registry.gauge(
+            "cssp_pending_uploads",
+            help: "Uploads owed: failed ones waiting for their retry, write-back files queued, and what an earlier mount left.")
+        {
+            Double(transfers.owed.count + recovered.count)
         }
+        recovered.install { [weak self] item throws(ObjectStoreError) in try self?.storeRecovered(item) }
     }
 
     /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
@@ -794,6 +810,7 @@ public final class Filesystem: Sendable {
     /// stay in the spool with their notes, for the next mount. Returns whether every job ended.
     @discardableResult
     public func shutdown(deadline: Double = 30) -> Bool {
+        recovered.stop()
         stopPrefetching()
         let ended = pool.shutdown(deadline: deadline)
         // Written and synced: a cache a power cut could have torn is not trusted (BlockCache).

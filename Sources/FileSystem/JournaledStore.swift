@@ -17,13 +17,24 @@ import ObjectStore
 /// 4. GETs are not filtered: a file unlinked while open stays readable, as on a local disk.
 /// 5. Only the version a delete names is hidden (`DeleteQueue` subtlety 5): another client's
 ///    newer version, which the delete will leave, shows at once.
+/// 6. What an earlier mount owed (`RecoveredWork`) is stored before its key is read, listed or
+///    written: those names are never served in the state before the journal.
 final class JournaledStore: ObjectStore {
     let wrapped: any ObjectStore
     let deletes: DeleteQueue
+    /// nil in the store recovery itself writes through (`RecoveredWork` subtlety 3).
+    let recovered: RecoveredWork?
 
-    init(_ wrapped: any ObjectStore, deletes: DeleteQueue) {
+    init(_ wrapped: any ObjectStore, deletes: DeleteQueue, recovered: RecoveredWork? = nil) {
         self.wrapped = wrapped
         self.deletes = deletes
+        self.recovered = recovered
+    }
+
+    /// Subtlety 6 for one key.
+    private func recover(_ key: String) throws(ObjectStoreError) {
+        guard let recovered, !recovered.isEmpty else { return }
+        try recovered.settle(key)
     }
 
     var containerName: String { wrapped.containerName }
@@ -67,6 +78,7 @@ final class JournaledStore: ObjectStore {
     }
 
     func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        if let recovered, !recovered.isEmpty { try recovered.settle(listing: prefix, delimiter: delimiter) }
         let owed = deletes.pendingCount(withPrefix: prefix)
         guard owed > 0 else { return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit) }
         // Subtlety 3: asked for enough to fill `limit` after the owed ones are left out, and for
@@ -89,6 +101,7 @@ final class JournaledStore: ObjectStore {
     }
 
     func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
+        try recover(key)
         let info = try wrapped.head(key: key)
         guard !deletes.isEmpty else { return info }
         let owed = deletes.pendingVersion(key).map { $0.isEmpty || $0 == DeleteEntry.version(etag: info.etag, manifest: info.manifest) }
@@ -101,11 +114,14 @@ final class JournaledStore: ObjectStore {
     func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
         -> ObjectInfo
     {
-        try wrapped.get(key: key, range: range, sink: sink)
+        try recover(key)
+        return try wrapped.get(key: key, range: range, sink: sink)
     }
 
-    /// Before the store is asked to write `key`: its owed delete first.
+    /// Before the store is asked to write `key`: what an earlier mount owed of it, and its owed
+    /// delete, first.
     private func settle(_ key: String) throws(ObjectStoreError) {
+        try recover(key)
         guard !deletes.isEmpty else { return }
         do {
             try deletes.settle(key)
@@ -135,11 +151,13 @@ final class JournaledStore: ObjectStore {
     func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
         throws(ObjectStoreError)
     {
+        try recover(source)
         try settle(destination)
         try wrapped.copy(from: source, to: destination, contentType: contentType, metadata: metadata)
     }
 
     func delete(key: String) throws(ObjectStoreError) {
+        try recover(key)
         try wrapped.delete(key: key)
     }
 

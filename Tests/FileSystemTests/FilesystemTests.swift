@@ -22,25 +22,9 @@ struct FilesystemTests {
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 
-    /// Every name readdir shows in `inode` (without . and ..), in order.
-    func names(_ fs: Filesystem, _ inode: InodeNumber) throws -> [String] {
-        let handle = try fs.opendir(inode)
-        defer { fs.releasedir(handle: handle) }
-        var result: [String] = []
-        var offset: Int64 = 0
-        // Small batches, as the kernel asks: 7 entries per call.
-        while true {
-            var batch = 0
-            try fs.readdir(inode, handle: handle, offset: offset) { name, _, _, next in
-                guard batch < 7 else { return false }
-                batch += 1
-                if name != "." && name != ".." { result.append(name) }
-                offset = next
-                return true
-            }
-            if batch == 0 { return result }
-        }
-    }
+    /// Every name readdir shows in `inode` (without . and ..), in order; in small batches, as
+    /// the kernel asks: 7 entries per call.
+    func names(_ fs: Filesystem, _ inode: InodeNumber) throws -> [String] { try fs.names(in: inode, batch: 7) }
 
     func readAll(_ fs: Filesystem, _ inode: InodeNumber, chunk: Int = 4096) throws -> [UInt8] {
         try fs.readWhole(inode, chunk: chunk)

@@ -38,6 +38,26 @@ extension Filesystem {
         return bytes
     }
 
+    /// Every name readdir shows in `inode` (without . and ..), in the order shown, in batches
+    /// of `batch` entries a call as the kernel asks.
+    func names(in inode: InodeNumber, batch: Int = .max) throws -> [String] {
+        let handle = try opendir(inode)
+        defer { releasedir(handle: handle) }
+        var result: [String] = []
+        var offset: Int64 = 0
+        while true {
+            var count = 0
+            try readdir(inode, handle: handle, offset: offset) { name, _, _, next in
+                guard count < batch else { return false }
+                count += 1
+                offset = next
+                if name != "." && name != ".." { result.append(name) }
+                return true
+            }
+            if count == 0 { return result }
+        }
+    }
+
     /// Creates `name` in `parent`, writes `bytes` and closes it (stored at close), as `cp` would.
     @discardableResult
     func storeFile(

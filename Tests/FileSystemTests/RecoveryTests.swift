@@ -1,0 +1,186 @@
+import Foundation
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// What a mount that died left journaled (write-back files, failed uploads, attribute notes) is
+/// stored before the next mount serves the names involved (`RecoveredWork`): these tests never
+/// call `recoverPendingUploads` before they look, as a user of a freshly started mount would
+/// not wait for it either.
+struct RecoveryTests {
+    let caller = Caller(uid: 1000, gid: 100)
+    let root = Filesystem.rootInode
+    let spool = NSTemporaryDirectory() + "cssp-recovery-spool-" + UUID().uuidString
+
+    func makeFilesystem(_ store: any ObjectStore, writeBack: Bool = true, readOnly: Bool = false) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.writeBack = writeBack
+        configuration.writeBackDelay = 3600
+        configuration.pendingRetrySeconds = 3600
+        configuration.readOnly = readOnly
+        configuration.spoolDirectory = spool
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    /// A write-back mount that dies (no drain, no shutdown) with `files` queued, by path.
+    func dieWithQueuedFiles(_ store: any ObjectStore, _ files: [(String, String)]) throws {
+        let died = makeFilesystem(store)
+        for (path, text) in files {
+            var parent = root
+            let parts = path.split(separator: "/").map(String.init)
+            for directory in parts.dropLast() {
+                if let found = try? died.lookup(parent: parent, name: directory) {
+                    parent = found.inode
+                } else {
+                    parent = try died.mkdir(parent: parent, name: directory, mode: 0o755, caller: caller).inode
+                }
+            }
+            // As the kernel does it: a lookup first, and a name that exists is opened with O_TRUNC.
+            guard let existing = try? died.lookup(parent: parent, name: parts.last!) else {
+                try died.storeFile(parent, parts.last!, Array(text.utf8), caller: caller)
+                continue
+            }
+            let opened = try died.open(existing.inode, writable: true, truncate: true)
+            try Array(text.utf8).withUnsafeBytes { try died.write(handle: opened.handle, offset: 0, bytes: $0) }
+            try died.flush(handle: opened.handle)
+            died.release(handle: opened.handle)
+        }
+        died.spool.unlock()
+    }
+
+    func names(_ fs: Filesystem, _ inode: InodeNumber) throws -> [String] { try fs.names(in: inode) }
+
+    func text(_ fs: Filesystem, _ parent: InodeNumber, _ name: String) throws -> String {
+        let node = try fs.lookup(parent: parent, name: name)
+        return String(decoding: try fs.readWhole(node.inode, chunk: 1 << 16), as: UTF8.self)
+    }
+
+    /// A lookup and a read of a queued file that replaced a stored one show the journal's
+    /// version, never the older one still on the server.
+    @Test func aReplacedFileIsReadAsTheJournalHasIt() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "version 1")
+        try dieWithQueuedFiles(store, [("f", "version 2, queued")])
+        #expect(store.object("f")?.bytes == Array("version 1".utf8))
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        #expect(try text(next, root, "f") == "version 2, queued")
+        #expect(try next.lookup(parent: root, name: "f").size == Int64("version 2, queued".utf8.count))
+    }
+
+    /// A listing shows the queued names, and the directories only queued files would create.
+    @Test func listingsShowTheJournalsNames() throws {
+        let store = FakeObjectStore()
+        store.seed("old", text: "stored before")
+        try dieWithQueuedFiles(store, [("new", "n"), ("d/e/deep", "deep"), ("d/e/deeper", "deeper")])
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        #expect(try names(next, root).sorted() == ["d", "new", "old"])
+        let d = try next.lookup(parent: root, name: "d")
+        #expect(try names(next, d.inode) == ["e"])
+        let e = try next.lookup(parent: d.inode, name: "e")
+        #expect(try names(next, e.inode).sorted() == ["deep", "deeper"])
+        #expect(try text(next, e.inode, "deeper") == "deeper")
+    }
+
+    /// Only what a name needs is stored before it is served: the rest waits for the
+    /// background recovery.
+    @Test func aLookupStoresOnlyWhatItsNameNeeds() throws {
+        let store = FakeObjectStore()
+        try dieWithQueuedFiles(store, [("a/one", "1"), ("b/two", "2"), ("b/three", "3")])
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        let a = try next.lookup(parent: root, name: "a")
+        #expect(try text(next, a.inode, "one") == "1")
+        #expect(store.object("b/two") == nil && store.object("b/three") == nil)
+        #expect(next.recovered.count == 2)
+        next.recoverPendingUploads()
+        #expect(store.object("b/two")?.bytes == Array("2".utf8))
+        #expect(store.object("b/three")?.bytes == Array("3".utf8))
+        #expect(next.recovered.count == 0)
+    }
+
+    /// Another client replaced the object after the dead mount read it: the name shows theirs,
+    /// and the journal's bytes are in the conflict copy the listing shows beside it.
+    @Test func aConflictIsDecidedBeforeTheNameIsServed() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "version 1")
+        try dieWithQueuedFiles(store, [("f", "ours")])
+        store.seed("f", text: "theirs")
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        #expect(try text(next, root, "f") == "theirs")
+        let copies = try names(next, root).filter { $0.hasPrefix("f.cssp-conflict-") }
+        #expect(copies.count == 1)
+        #expect(try copies.first.map { try text(next, root, $0) } == "ours")
+    }
+
+    /// An attribute change a dead mount noted is what a stat of the next mount shows.
+    @Test func anOwedChmodIsSeenAtOnce() throws {
+        let store = FakeObjectStore()
+        let first = makeFilesystem(store, writeBack: false)
+        let file = try first.storeFile(root, "f", Array("x".utf8), caller: caller)
+        _ = try first.setattr(file.inode, AttributeChanges(mode: 0o600))
+        first.spool.unlock()  // killed: the note is all that is left
+        #expect(store.object("f")?.metadata["mode"] == "0644")
+        let next = makeFilesystem(store, writeBack: false)
+        defer { next.shutdown() }
+        #expect(try next.lookup(parent: root, name: "f").permissions == 0o600)
+    }
+
+    /// While the store refuses the upload a name needs, the name is an error (EIO), not the
+    /// older version; once the store takes it, the name is served.
+    @Test func aNameWaitsForItsUploadWhileTheStoreRefuses() throws {
+        let fake = FakeObjectStore()
+        fake.seed("f", text: "version 1")
+        try dieWithQueuedFiles(fake, [("f", "version 2")])
+        let store = FaultInjectingStore(fake)
+        store.inject { $0.operation == .put ? .before(.transient) : .none }
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        #expect(throws: FSError.self) { try next.lookup(parent: root, name: "f") }
+        store.heal()
+        #expect(try text(next, root, "f") == "version 2")
+    }
+
+    /// The background recovery retries a refused upload until it is stored.
+    @Test func theBackgroundRecoveryRetriesUntilStored() throws {
+        let fake = FakeObjectStore()
+        try dieWithQueuedFiles(fake, [("f", "kept")])
+        let store = FaultInjectingStore(fake)
+        store.failNext(.put, count: 1)
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        next.recoverPendingUploads()
+        #expect(fake.object("f")?.bytes == Array("kept".utf8))
+        #expect(store.injected.count == 1)
+    }
+
+    /// A write of this mount to a name an earlier mount owed lands after the owed version.
+    @Test func aNewWriteLandsAfterTheOwedVersion() throws {
+        let fake = FakeObjectStore()
+        try dieWithQueuedFiles(fake, [("f", "owed")])
+        let next = makeFilesystem(fake, writeBack: false)
+        defer { next.shutdown() }
+        let (_, opened) = try next.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        try Array("newer".utf8).withUnsafeBytes { try next.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try next.flush(handle: opened.handle)
+        next.release(handle: opened.handle)
+        next.recoverPendingUploads()
+        #expect(fake.object("f")?.bytes == Array("newer".utf8))
+    }
+
+    /// A read-only mount stores nothing and so serves the store as it is.
+    @Test func aReadOnlyMountServesTheStoreAsItIs() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "version 1")
+        try dieWithQueuedFiles(store, [("f", "version 2")])
+        let next = makeFilesystem(store, readOnly: true)
+        defer { next.shutdown() }
+        #expect(try text(next, root, "f") == "version 1")
+        #expect(store.object("f")?.bytes == Array("version 1".utf8))
+    }
+}
