@@ -123,7 +123,16 @@ final class Spool: Sendable {
                 }
             }
         }
-        let uploads = data.sorted().map { name in (directory + "/" + name, notes[name].flatMap(PendingUpload.init(decoding:))) }
+        // Oldest first: by the time the note (else the data file) was last written (`writeNote`).
+        func age(_ name: String) -> (Int, Int, String) {
+            var st = stat()
+            let note = directory + "/" + String(name.dropLast(".data".count)) + ".pending"
+            guard stat(note, &st) == 0 || stat(directory + "/" + name, &st) == 0 else { return (0, 0, name) }
+            return (st.st_mtim.tv_sec, st.st_mtim.tv_nsec, name)
+        }
+        let uploads = data.map { ($0, age($0)) }.sorted { $0.1 < $1.1 }.map(\.0).map { name in
+            (directory + "/" + name, notes[name].flatMap(PendingUpload.init(decoding:)))
+        }
         return (uploads, attributes)
     }
 
@@ -272,11 +281,21 @@ final class Spool: Sendable {
         guard fd >= 0 else { return false }
         let bytes = upload.encoded
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        // The note's time orders the recovery (oldest first): the clock to the nanosecond, as
+        // the kernel's own stamp is coarse (notes written within a few ms would tie).
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        _ = futimens(fd, [now, now])
         let synced = !sync || fsync(fd) == 0
         close(fd)
-        if written == bytes.count && synced && rename(temporary, note) == 0 { return true }
-        unlink(temporary)
-        return false
+        guard written == bytes.count && synced && rename(temporary, note) == 0 else {
+            unlink(temporary)
+            return false
+        }
+        // The rename (and the data file's own name, made when the spool was) are entries of the
+        // directory: durable once it is synced, not with the note's bytes. Without this, a power
+        // cut could leave only `.new` (swept as unfinished) beside bytes a close acknowledged.
+        return !sync || DiskJournalFile.syncDirectory(of: note)
     }
 
     /// Removes the note only: the spool's bytes are owed to nobody any more (unlinked, replaced).

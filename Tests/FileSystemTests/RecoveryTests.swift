@@ -1,4 +1,5 @@
 import Foundation
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -171,6 +172,23 @@ struct RecoveryTests {
         next.release(handle: opened.handle)
         next.recoverPendingUploads()
         #expect(fake.object("f")?.bytes == Array("newer".utf8))
+    }
+
+    /// The background recovery stores the journal oldest first (by when each note was written),
+    /// whatever the spool files are called.
+    @Test func theRecoveryStoresOldestFirst() throws {
+        let fake = FakeObjectStore()
+        let order = ["m", "b", "z", "a", "k", "c"]
+        try dieWithQueuedFiles(fake, order.map { ($0, "file " + $0) })
+        let puts = Locked<[String]>([])
+        let store = FaultInjectingStore(fake) { call in
+            if call.operation == .put { puts.withLock { $0.append(call.key) } }
+            return .none
+        }
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        next.recoverPendingUploads()
+        #expect(puts.withLock { $0 } == order)
     }
 
     /// A read-only mount stores nothing and so serves the store as it is.
