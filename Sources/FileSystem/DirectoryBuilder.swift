@@ -65,13 +65,18 @@ struct DirectoryBuilder {
             }
         }
         // Release held files the listing has moved past: `x/` would have come before `last`.
+        // In name order, so that readdir shows a directory the same way every time.
         let last = page.last.map { Array($0.name.utf8) }
+        var released: [(ExactString, ObjectSummary)] = []
         for (name, summary) in heldFiles {
             let directoryName = Array((prefix + name.string + "/").utf8)
             if isLastPage || (last.map { directoryName.lexicographicallyPrecedes($0) } ?? false) {
-                heldFiles[name] = nil
-                entries.append(Self.file(name.string, summary))
+                released.append((name, summary))
             }
+        }
+        for (name, summary) in released.sorted(by: { $0.0 < $1.0 }) {
+            heldFiles[name] = nil
+            entries.append(Self.file(name.string, summary))
         }
         return (entries, collisions)
     }

@@ -150,8 +150,13 @@ struct DirectoryCache {
         listings[directory] = Listing(entries: EntryTable([]), completedAt: now, askedAt: askedAt)
     }
 
+    /// Counts every change made here and every failed one, in any directory: a listing fetched
+    /// ahead (`Filesystem+ListAhead`) is used only while it has not moved.
+    private(set) var generation: UInt64 = 0
+
     /// A change we made to `name` in `directory` (nil entry: removed), at `now`.
     mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?, now: Double) {
+        generation += 1
         let count = changeCount(directory) + 1
         changes[directory] = count
         listings[directory]?.entries[name.exact] = entry
@@ -176,6 +181,7 @@ struct DirectoryCache {
     /// the new one or a mix, so the listing goes and so do that name's journaled changes;
     /// listings under way are refused. The other names' changes stay journaled.
     mutating func forget(_ name: String, in directory: InodeNumber) {
+        generation += 1
         let kept = journals[directory]?.filter { $0.name != name.exact }
         forgetChanges(directory)
         journals[directory] = kept

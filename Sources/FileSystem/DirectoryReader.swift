@@ -74,6 +74,28 @@ final class DirectoryReader: Sendable {
         isRemembered = true
     }
 
+    /// A reader of a listing fetched ahead (`Filesystem+ListAhead`): complete, but not
+    /// remembered yet (readdir remembers it as it would its own). Names removed here lately that
+    /// it still shows (it lags) are skipped, as `removedHere` does for a listing read now.
+    init(
+        prefix: String, fetched entries: [DirectoryEntry], removedHere: Set<ExactString>, startedAt: UInt64,
+        askedAt: UInt64
+    ) {
+        self.startedAt = startedAt
+        self.askedAt = askedAt
+        self.store = nil
+        self.removedHere = removedHere
+        self.pageSize = 0
+        self.hidden = nil
+        self.prefix = prefix
+        let lagging = removedHere.isEmpty ? [] : Set(entries.lazy.map(\.name.exact).filter(removedHere.contains))
+        self.state = Locked(
+            State(
+                builder: DirectoryBuilder(prefix: prefix), entries: entries.filter { !lagging.contains($0.name.exact) },
+                complete: true, stillListed: lagging))
+        isRemembered = false
+    }
+
     /// Entries from `index` on (fetching the next page when needed), and whether the listing is complete.
     func entries(from index: Int, resolvingWith filesystem: Filesystem) throws(FSError) -> ([DirectoryEntry], Bool) {
         while true {

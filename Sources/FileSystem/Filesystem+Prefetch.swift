@@ -120,15 +120,23 @@ extension Filesystem {
             p.workers += starting
             return starting
         }
-        for _ in 0..<start {
-            prefetching.enter()
-            let started = pool.submit { [self] in
-                runPrefetchWorker()
-                prefetching.leave()
+        startWorkers(start, in: prefetching, { [self] in runPrefetchWorker() }) { prefetch.withLock { $0.workers -= 1 } }
+    }
+
+    /// Starts `count` workers running `body` on the pool, each inside `group`; `unstarted`
+    /// takes back the count of one the pool refused (it is shutting down).
+    func startWorkers(
+        _ count: Int, in group: DispatchGroup, _ body: @escaping @Sendable () -> Void, unstarted: () -> Void
+    ) {
+        for _ in 0..<count {
+            group.enter()
+            let started = pool.submit {
+                body()
+                group.leave()
             }
             if !started {
-                prefetch.withLock { $0.workers -= 1 }
-                prefetching.leave()
+                unstarted()
+                group.leave()
             }
         }
     }

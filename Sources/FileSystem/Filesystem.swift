@@ -115,6 +115,10 @@ public final class Filesystem: Sendable {
     /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 6).
     let prefetch = Locked(PrefetchState())
     let prefetching = DispatchGroup()
+    /// Listings of subdirectories fetched ahead of a walk (`Filesystem+ListAhead`), and the
+    /// workers fetching them.
+    let listingsAhead = Locked(AheadState())
+    let listingAhead = DispatchGroup()
     /// Object versions being pulled whole by random readers (`FileReader`, subtlety 7).
     let pulls = PullRegistry()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 1).
@@ -591,7 +595,7 @@ public final class Filesystem: Sendable {
         }
         return remembered.map {
             DirectoryReader(prefix: directory.key, remembered: $0.0, startedAt: $0.count, askedAt: $0.askedAt)
-        } ?? makeDirectoryReader(directory)
+        } ?? readerFromListingAhead(directory) ?? makeDirectoryReader(directory)
     }
 
     /// One thing readdir shows.
@@ -741,7 +745,12 @@ public final class Filesystem: Sendable {
     ) {
         guard let entries = reader.completeEntries() else { return }
         let tail = reader.tail { () -> [DirectoryReader.TailItem] in
-            defer { if !reader.isRemembered { prefetchMetadata(of: entries, in: inode) } }
+            defer {
+                if !reader.isRemembered {
+                    prefetchMetadata(of: entries, in: inode)
+                    listAhead(subdirectoriesOf: entries)
+                }
+            }
             let listed = reader.isRemembered ? nil : EntryTable(entries)
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
@@ -812,6 +821,7 @@ public final class Filesystem: Sendable {
     public func shutdown(deadline: Double = 30) -> Bool {
         recovered.stop()
         stopPrefetching()
+        stopListingAhead()
         let ended = pool.shutdown(deadline: deadline)
         // Written and synced: a cache a power cut could have torn is not trusted (BlockCache).
         configuration.blockCache?.markClean()

@@ -129,6 +129,8 @@ public struct FilesystemConfiguration: Sendable {
     public var partSize: Int64 = 32 << 20
     /// Listed entries HEADed in the background per listing for what listings lack (0 = none).
     public var metadataPrefetchLimit: Int = 10_000
+    /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`; 0: none).
+    public var listAhead: Int = 8
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).

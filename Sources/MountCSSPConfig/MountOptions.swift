@@ -52,6 +52,8 @@ public struct MountOptions: Sendable, Equatable {
     public var logLevel: String? = nil
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
+    /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`).
+    public var listAhead = 8
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
     public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
@@ -303,6 +305,7 @@ public enum Arguments {
             }
             options.logLevel = level
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
+        case "list_ahead": options.listAhead = try integer(0...64)
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
             let kib = try integer(64...16384)
@@ -363,6 +366,8 @@ public enum Arguments {
           meta_prefetch=N        after a listing, HEAD up to N entries it cannot describe (other tools'
                                  objects, directories, empty files) in the background, 4 at a time;
                                  0 = off (default 10000)
+          list_ahead=N           after readdir lists a directory, list up to N of its subdirectories
+                                 at once ahead of find, du or rsync; 0 = off (default 8)
           cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
                                  cache (default 4G, or a quarter of the free space if less)
           cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)

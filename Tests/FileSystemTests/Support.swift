@@ -58,6 +58,11 @@ extension Filesystem {
         }
     }
 
+    /// The content of `name` in `parent`, as text.
+    func text(_ parent: InodeNumber, _ name: String) throws -> String {
+        String(decoding: try readWhole(try lookup(parent: parent, name: name).inode, chunk: 1 << 16), as: UTF8.self)
+    }
+
     /// Creates `name` in `parent`, writes `bytes` and closes it (stored at close), as `cp` would.
     @discardableResult
     func storeFile(

@@ -42,6 +42,8 @@ struct ArgumentsTests {
         #expect(try options(["http://h/c", "/m", "-o", "cache_block_kb=256"]).cacheBlockKiB == 256)
         #expect(try options(["http://h/c", "/m"]).metadataPrefetch == 10_000)
         #expect(try options(["http://h/c", "/m", "-o", "meta_prefetch=0"]).metadataPrefetch == 0)
+        #expect(try options(["http://h/c", "/m"]).listAhead == 8)
+        #expect(try options(["http://h/c", "/m", "-o", "list_ahead=0"]).listAhead == 0)
     }
 
     @Test func writeBackIsOffUntilAsked() throws {
@@ -120,6 +122,7 @@ struct ArgumentsTests {
         (["http://h/c", "/m", "-o", "cache_size=-1G"], "needs a size"),
         (["http://h/c", "/m", "-o", "cache_block_kb=1000"], "power of two"),
         (["http://h/c", "/m", "-o", "meta_prefetch=many"], "option 'meta_prefetch'"),
+        (["http://h/c", "/m", "-o", "list_ahead=65"], "option 'list_ahead'"),
         (["http://h/c", "/m", "-x"], "unknown flag"),
         (["ftp://h/c", "/m"], "invalid URL"),
         (["http://h", "/m"], "names no container"),

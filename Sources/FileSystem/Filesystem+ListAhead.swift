@@ -1,0 +1,166 @@
+import Dispatch
+import Locking
+import ObjectStore
+
+/// Listings of subdirectories sent ahead of a walk (issue 20, part 2): `find`, `du`, `ls -R`
+/// and rsync read a directory, then each directory in it in turn, and each of those readdirs
+/// would wait for its own listing, one round trip after another. When a readdir completes a
+/// listing from the server, the listings of the subdirectories it showed go out in the
+/// background, `listAhead` at once, and the readdir of one of them takes its listing instead of
+/// asking.
+///
+/// Subtleties:
+/// 1. A listing fetched ahead is used only if nothing in the namespace changed through this
+///    mount since it started (`DirectoryCache.generation`; a change anywhere drops them all, so
+///    a directory renamed, removed or made since never shows what the old one held) and only
+///    within `dir_timeout` of its start, as a remembered listing is. It is then remembered as a
+///    listing that started when it is used (no change since), under DirectoryCache's rules.
+/// 2. A readdir that finds its listing still running waits for it (at most
+///    `lookupListingWait`); one that finds it queued lists by itself and the queued job is
+///    dropped.
+/// 3. Bounded: at most `listAheadQueueLimit` directories queued (the first ones a walk will
+///    read), `listAheadTableLimit` listings kept (all dropped when full), and a directory
+///    larger than `listAheadEntryLimit` entries is left to its readdir. Failures are dropped
+///    silently: the readdir lists by itself and reports its own error.
+extension Filesystem {
+    static let listAheadQueueLimit = 256
+    static let listAheadTableLimit = 1_024
+    static let listAheadEntryLimit = 10_000
+
+    struct AheadListing: Sendable {
+        var entries: [DirectoryEntry]
+        /// The `StoreClock` tick before its first request (the attribute rule).
+        var askedAt: UInt64
+        /// When it started (the configuration's clock) and the namespace generation then.
+        var startedAt: Double
+        var generation: UInt64
+    }
+
+    enum AheadSlot {
+        case queued
+        case running(DispatchGroup)
+        case done(AheadListing)
+    }
+
+    struct AheadState {
+        var slots: [ExactString: AheadSlot] = [:]
+        var queue: [String] = []
+        var next = 0
+        var workers = 0
+        var stopped = false
+    }
+
+    /// Queues the listings of the subdirectories among `entries` (a listing just read from the
+    /// server), oldest first, and starts workers up to `listAhead`.
+    func listAhead(subdirectoriesOf entries: [DirectoryEntry]) {
+        let width = configuration.listAhead
+        guard width > 0, configuration.directoryCacheSeconds > 0 else { return }
+        let prefixes = entries.lazy.filter { $0.kind == .directory }.map(\.key)
+        guard !prefixes.isEmpty else { return }
+        let start: Int = listingsAhead.withLock { a in
+            guard !a.stopped else { return 0 }
+            if a.next == a.queue.count {
+                a.queue.removeAll(keepingCapacity: true)
+                a.next = 0
+            }
+            if a.slots.count >= Self.listAheadTableLimit {
+                a.slots = a.slots.filter { if case .done = $0.value { false } else { true } }
+            }
+            for prefix in prefixes where a.queue.count - a.next < Self.listAheadQueueLimit && a.slots[prefix.exact] == nil {
+                a.slots[prefix.exact] = .queued
+                a.queue.append(prefix)
+            }
+            let starting = max(0, min(width - a.workers, a.queue.count - a.next))
+            a.workers += starting
+            return starting
+        }
+        startWorkers(start, in: listingAhead, { [self] in runListAheadWorker() }) { listingsAhead.withLock { $0.workers -= 1 } }
+    }
+
+    private func runListAheadWorker() {
+        while true {
+            let claimed: (String, DispatchGroup)? = listingsAhead.withLock { a in
+                while a.next < a.queue.count && !a.stopped {
+                    let prefix = a.queue[a.next]
+                    a.next += 1
+                    // A readdir may have taken the directory over (subtlety 2).
+                    guard case .queued? = a.slots[prefix.exact] else { continue }
+                    let group = DispatchGroup()
+                    group.enter()
+                    a.slots[prefix.exact] = .running(group)
+                    return (prefix, group)
+                }
+                a.workers -= 1
+                return nil
+            }
+            guard let (prefix, group) = claimed else { return }
+            let listing = fetchAhead(prefix)
+            listingsAhead.withLock { a in a.slots[prefix.exact] = listing.map { .done($0) } }
+            group.leave()
+        }
+    }
+
+    /// The whole listing of `prefix`, nil when it fails or is too large (subtlety 3).
+    private func fetchAhead(_ prefix: String) -> AheadListing? {
+        let (generation, startedAt) = state.withLock { s in (s.directories.generation, now()) }
+        let reader = DirectoryReader(
+            store: store, prefix: prefix, pageSize: min(configuration.listPageSize, Self.listAheadEntryLimit + 1),
+            hidden: nil, startedAt: 0, askedAt: storeClock.tick())
+        var index = 0
+        do {
+            while true {
+                let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+                index += batch.count
+                if complete { break }
+                if index > Self.listAheadEntryLimit { return nil }
+            }
+        } catch {
+            logger.debug("listing '\(prefix)' ahead of a walk failed: \(error.message)")
+            return nil
+        }
+        guard let entries = reader.completeEntries() else { return nil }
+        return AheadListing(entries: entries, askedAt: reader.askedAt, startedAt: startedAt, generation: generation)
+    }
+
+    /// A reader over the listing of `directory` fetched ahead (subtlety 1), nil when there is
+    /// none that may be used; a queued one is dropped (subtlety 2).
+    func readerFromListingAhead(_ directory: Node) -> DirectoryReader? {
+        guard configuration.listAhead > 0 else { return nil }
+        let key = directory.key.exact
+        var slot = listingsAhead.withLock { $0.slots[key] }
+        if case .running(let group)? = slot {
+            _ = group.wait(timeout: .now() + Self.lookupListingWait)
+            slot = listingsAhead.withLock { $0.slots[key] }
+        }
+        guard let slot else { return nil }
+        switch slot {
+        case .running: return nil
+        case .queued:
+            listingsAhead.withLock { a in if case .queued? = a.slots[key] { a.slots[key] = nil } }
+            return nil
+        case .done(let listing):
+            listingsAhead.withLock { _ = $0.slots.removeValue(forKey: key) }
+            return state.withLock { s in
+                guard listing.generation == s.directories.generation,
+                    now() - listing.startedAt <= configuration.directoryCacheSeconds
+                else { return nil }
+                return DirectoryReader(
+                    prefix: directory.key, fetched: listing.entries,
+                    removedHere: s.directories.removedHere(directory.inode, now: now()),
+                    startedAt: s.directories.changeCount(directory.inode), askedAt: listing.askedAt)
+            }
+        }
+    }
+
+    /// Waits until no listing ahead is queued or running (tests).
+    func waitForListingsAhead() { listingAhead.wait() }
+
+    func stopListingAhead() {
+        listingsAhead.withLock { a in
+            a.stopped = true
+            a.slots = a.slots.filter { if case .queued = $0.value { false } else { true } }
+            a.queue.removeAll()
+            a.next = 0
+        }
+    }
+}

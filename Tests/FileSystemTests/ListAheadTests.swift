@@ -1,0 +1,106 @@
+import Foundation
+import Locking
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// Listings of subdirectories fetched ahead of a walk (`Filesystem+ListAhead`).
+struct ListAheadTests {
+    let caller = Caller(uid: 1000, gid: 100)
+    let root = Filesystem.rootInode
+
+    /// A store that logs the prefix of every listing.
+    final class Listings: Sendable {
+        let prefixes = Locked<[String]>([])
+        func store(_ fake: FakeObjectStore, failing: Set<String> = []) -> FaultInjectingStore {
+            FaultInjectingStore(fake) { [self] call in
+                guard call.operation == .list else { return .none }
+                prefixes.withLock { $0.append(call.key) }
+                return failing.contains(call.key) ? .before(.transient) : .none
+            }
+        }
+        func count(_ prefix: String) -> Int { prefixes.withLock { $0.filter { $0 == prefix }.count } }
+    }
+
+    func makeFilesystem(_ store: any ObjectStore, listAhead: Int = 8) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.listAhead = listAhead
+        configuration.metadataPrefetchLimit = 0
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-listahead-spool-" + UUID().uuidString
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    func seedTree(_ fake: FakeObjectStore) {
+        for d in 1...5 {
+            for f in ["a", "b"] { fake.seed("d\(d)/\(f)", text: "file \(d)\(f)") }
+        }
+    }
+
+    /// find: readdir of the root, then of each directory in it: each subdirectory is listed
+    /// once, ahead, and its readdir asks nothing.
+    @Test func aWalkReadsSubdirectoriesFromListingsFetchedAhead() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        let listings = Listings()
+        let fs = makeFilesystem(listings.store(fake))
+        defer { fs.shutdown() }
+        #expect(try fs.names(in: root) == ["d1", "d2", "d3", "d4", "d5"])
+        fs.waitForListingsAhead()
+        for d in 1...5 { #expect(listings.count("d\(d)/") == 1, "d\(d)/ listed ahead") }
+        for d in 1...5 {
+            let directory = try fs.lookup(parent: root, name: "d\(d)")
+            let shown = try fs.names(in: directory.inode)
+            #expect(shown == ["a", "b"], "d\(d): \(shown)")
+        }
+        for d in 1...5 { #expect(listings.count("d\(d)/") == 1, "d\(d)/ listed once") }
+    }
+
+    /// A directory renamed away, and another renamed to its name, after their listings were
+    /// fetched ahead: the name shows what it holds now, not what the listing said.
+    @Test func aChangeMadeHereDropsTheListingsAhead() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        fake.seed("e/x", text: "x")
+        let fs = makeFilesystem(Listings().store(fake))
+        defer { fs.shutdown() }
+        _ = try fs.names(in: root)
+        fs.waitForListingsAhead()
+        try fs.rename(parent: root, name: "d1", newParent: root, newName: "moved", noReplace: false)
+        try fs.rename(parent: root, name: "e", newParent: root, newName: "d1", noReplace: false)
+        let replaced = try fs.lookup(parent: root, name: "d1")
+        #expect(try fs.names(in: replaced.inode) == ["x"])
+        let d2 = try fs.lookup(parent: root, name: "d2")
+        try fs.storeFile(d2.inode, "new", Array("n".utf8), caller: caller)
+        let shown = try fs.names(in: d2.inode)
+        #expect(shown == ["a", "b", "new"], "\(shown)")
+    }
+
+    /// A listing ahead that fails is dropped: the readdir lists by itself.
+    @Test func aFailedListingAheadLeavesTheReaddirToList() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        let listings = Listings()
+        let fs = makeFilesystem(listings.store(fake, failing: ["d3/"]))
+        defer { fs.shutdown() }
+        _ = try fs.names(in: root)
+        fs.waitForListingsAhead()
+        let d3 = try fs.lookup(parent: root, name: "d3")
+        #expect(throws: FSError.self) { try fs.names(in: d3.inode) }
+        #expect(listings.count("d3/") == 2, "ahead, then by the readdir itself")
+    }
+
+    /// list_ahead=0: nothing is listed before it is read.
+    @Test func listAheadZeroListsNothingAhead() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        let listings = Listings()
+        let fs = makeFilesystem(listings.store(fake), listAhead: 0)
+        defer { fs.shutdown() }
+        _ = try fs.names(in: root)
+        fs.waitForListingsAhead()
+        #expect(listings.prefixes.withLock { $0 } == [""])
+    }
+}
