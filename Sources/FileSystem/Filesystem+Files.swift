@@ -551,20 +551,26 @@ extension Filesystem {
         }
     }
 
-
     /// Where an owed upload of bytes that replace `base` goes: `key` while the object there is
-    /// still that version (or still absent for a new name), else a conflict copy beside it, so
-    /// that neither another client's newer version nor ours is lost.
-    func destinationForOwedUpload(key: String, base: String, store: (any ObjectStore)? = nil) throws(ObjectStoreError)
-        -> String
-    {
+    /// still that version (or still absent for a new name) or already holds these `bytes`, else
+    /// a conflict copy beside it, so that neither another client's newer version nor ours is lost.
+    func destinationForOwedUpload(
+        key: String, base: String, bytes: (path: String, size: Int64), store: (any ObjectStore)? = nil
+    ) throws(ObjectStoreError) -> String {
+        let store = store ?? self.store
         let current: String?
         do {
-            current = try (store ?? self.store).head(key: key).etag
+            current = try store.head(key: key).etag
         } catch where error.code == .notFound {
             current = nil
         }
         if current == (base.isEmpty ? nil : base) { return key }
+        // An earlier attempt whose answer was lost may have stored these very bytes: that is
+        // this mount's version, not another client's.
+        if let current, uploader(store).expectedETag(path: bytes.path, size: bytes.size) == current {
+            logger.notice("'\(key)' holds this mount's bytes already (an earlier upload's answer was lost)")
+            return key
+        }
         let conflict = Self.conflictKey(for: key, at: Timestamp.now())
         let change = current == nil ? "deleted" : "replaced"
         logger.warning(
@@ -620,7 +626,8 @@ extension Filesystem {
         if owed && snapshot.dataDirty {
             let destination: String
             do {
-                destination = try destinationForOwedUpload(key: node.key, base: snapshot.baseETag)
+                destination = try destinationForOwedUpload(
+                    key: node.key, base: snapshot.baseETag, bytes: (open.path, snapshot.size))
             } catch {
                 throw failedUpload(open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload", path: node.key))
             }
@@ -962,7 +969,9 @@ extension Filesystem {
             var st = stat()
             guard stat(path, &st) == 0 else { return }
             var key = upload.key
-            if let base = upload.base { key = try destinationForOwedUpload(key: key, base: base, store: recoveryStore) }
+            if let base = upload.base {
+                key = try destinationForOwedUpload(key: key, base: base, bytes: (path, Int64(st.st_size)), store: recoveryStore)
+            }
             _ = try uploader(recoveryStore).upload(
                 path: path, size: Int64(st.st_size), key: key, contentType: upload.contentType, metadata: upload.metadata)
             Spool.remove(dataPath: path)

@@ -171,4 +171,8 @@ final class JournaledStore: ObjectStore {
     }
 
     func manifestETag(partETags: [String]) -> String { wrapped.manifestETag(partETags: partETags) }
+
+    func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
+        wrapped.etag(ofFile: path, offset: offset, length: length)
+    }
 }

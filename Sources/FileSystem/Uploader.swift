@@ -109,6 +109,21 @@ struct Uploader {
     static let maximumParts: Int64 = 9_999
 
     /// `configured`, grown (in whole MiB) when `size` would need more than `maximumParts` parts.
+    /// The ETag an upload of `size` bytes of `path` leaves on the server (a DLO manifest's, over
+    /// the parts it would cut), nil when the store cannot say.
+    func expectedETag(path: String, size: Int64) -> String? {
+        guard size > threshold else { return store.etag(ofFile: path, offset: 0, length: size) }
+        let partSize = Self.partSize(for: size, configured: self.partSize)
+        var parts: [String] = []
+        var offset: Int64 = 0
+        while offset < size {
+            guard let etag = store.etag(ofFile: path, offset: offset, length: min(partSize, size - offset)) else { return nil }
+            parts.append(etag)
+            offset += partSize
+        }
+        return store.manifestETag(partETags: parts)
+    }
+
     static func partSize(for size: Int64, configured: Int64) -> Int64 {
         guard (size + configured - 1) / configured > maximumParts else { return configured }
         let needed = (size + maximumParts - 1) / maximumParts

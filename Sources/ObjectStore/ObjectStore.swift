@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 // ObjectStore: what the filesystem needs from a CSSP container, with no I/O and no C.
 //
 // Subtleties this module pins down for everyone above it:
@@ -194,6 +198,11 @@ public protocol ObjectStore: Sendable {
 
     /// The ETag this store reports for a DLO manifest over parts with these ETags, in order.
     func manifestETag(partETags: [String]) -> String
+
+    /// The ETag a PUT of `length` bytes of the local file at `path` from `offset` gets (Swift:
+    /// their MD5), nil when unknown or unreadable. Tells an upload whose answer was lost, now on
+    /// the server, from another client's version.
+    func etag(ofFile path: String, offset: Int64, length: Int64) -> String?
 }
 
 extension ObjectStore {
@@ -244,6 +253,29 @@ extension ObjectStore {
 
 extension ObjectStore {
     public var bulkDeleteLimit: Int? { nil }
+
+    public func etag(ofFile path: String, offset: Int64, length: Int64) -> String? { nil }
+
+    /// Reads `length` bytes of `path` from `offset` in pieces of at most 1 MiB, handing each to
+    /// `body`; false when the file cannot be read that far.
+    public static func readFile(
+        _ path: String, offset: Int64, length: Int64, _ body: (UnsafeRawBufferPointer) -> Void
+    ) -> Bool {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        var done: Int64 = 0
+        while done < length {
+            let want = Int(min(Int64(buffer.count), length - done))
+            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, want, off_t(offset + done)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return false }
+            buffer.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+            done += Int64(n)
+        }
+        return true
+    }
 
     /// One DELETE per key, in order; stops at the first failure other than "not found".
     public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {

@@ -317,6 +317,13 @@ public final class HTTPObjectStore: ObjectStore {
         MD5.hex(of: Array(partETags.joined().utf8))
     }
 
+    /// Swift: the MD5 of the bytes.
+    public func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
+        let md5 = MD5()
+        guard Self.readFile(path, offset: offset, length: length, { md5.update($0) }) else { return nil }
+        return md5.finalize()
+    }
+
     /// Creates the container (idempotent). Not part of `ObjectStore`: the mount never creates
     /// containers; tests and the demo do, on the local server.
     public func createContainer() throws(ObjectStoreError) {

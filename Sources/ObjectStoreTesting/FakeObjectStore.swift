@@ -260,6 +260,12 @@ public final class FakeObjectStore: ObjectStore {
 
     public func manifestETag(partETags: [String]) -> String { Self.etag(Array(partETags.joined().utf8)) }
 
+    public func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
+        var bytes: [UInt8] = []
+        guard Self.readFile(path, offset: offset, length: length, { bytes.append(contentsOf: $0) }) else { return nil }
+        return Self.etag(bytes)
+    }
+
     /// Makes the next `count` PUTs fail with a transient error.
     public func failNextPuts(_ count: Int) { state.withLock { $0.failPuts = count } }
 

@@ -188,4 +188,8 @@ public final class FaultInjectingStore: ObjectStore {
     }
 
     public func manifestETag(partETags: [String]) -> String { wrapped.manifestETag(partETags: partETags) }
+
+    public func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
+        wrapped.etag(ofFile: path, offset: offset, length: length)
+    }
 }

@@ -16,8 +16,12 @@ struct RecoveryTests {
     let root = Filesystem.rootInode
     let spool = NSTemporaryDirectory() + "cssp-recovery-spool-" + UUID().uuidString
 
-    func makeFilesystem(_ store: any ObjectStore, writeBack: Bool = true, readOnly: Bool = false) -> Filesystem {
+    func makeFilesystem(
+        _ store: any ObjectStore, writeBack: Bool = true, readOnly: Bool = false, multipartThreshold: Int64 = 64 << 20
+    ) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        configuration.multipartThreshold = multipartThreshold
+        configuration.partSize = 16
         configuration.writeBack = writeBack
         configuration.writeBackDelay = 3600
         configuration.pendingRetrySeconds = 3600
@@ -27,8 +31,8 @@ struct RecoveryTests {
     }
 
     /// A write-back mount that dies (no drain, no shutdown) with `files` queued, by path.
-    func dieWithQueuedFiles(_ store: any ObjectStore, _ files: [(String, String)]) throws {
-        let died = makeFilesystem(store)
+    func dieWithQueuedFiles(_ store: any ObjectStore, _ files: [(String, String)], multipartThreshold: Int64 = 64 << 20) throws {
+        let died = makeFilesystem(store, multipartThreshold: multipartThreshold)
         for (path, text) in files {
             var parent = root
             let parts = path.split(separator: "/").map(String.init)
@@ -189,6 +193,23 @@ struct RecoveryTests {
         defer { next.shutdown() }
         next.recoverPendingUploads()
         #expect(puts.withLock { $0 } == order)
+    }
+
+    /// The server stores a recovered upload and its answer is lost: the retry finds this
+    /// mount's own bytes there, not another client's version (no conflict copy), whether a
+    /// plain object or a multipart upload (a DLO manifest over parts).
+    @Test(arguments: [64 << 20, 8] as [Int64]) func aLostAnswerOfARecoveredUploadIsNotAConflict(threshold: Int64) throws {
+        let fake = FakeObjectStore()
+        fake.seed("f", text: "version 1")
+        try dieWithQueuedFiles(fake, [("f", "version 2, a little longer than one part")], multipartThreshold: threshold)
+        let store = FaultInjectingStore(fake)
+        store.failNext(threshold > 100 ? .put : .putManifest, count: 1, with: .after(.transient))
+        let next = makeFilesystem(store, multipartThreshold: threshold)
+        defer { next.shutdown() }
+        next.recoverPendingUploads()
+        #expect(store.injected.count == 1)
+        #expect(try next.text(root, "f") == "version 2, a little longer than one part")
+        #expect(!fake.keys.contains { $0.contains("cssp-conflict") }, "\(fake.keys)")
     }
 
     /// A read-only mount stores nothing and so serves the store as it is.

@@ -252,6 +252,26 @@ struct WriteBackTests {
         #expect(store.object("f")?.bytes == Array("retry me".utf8))
     }
 
+    /// The queue's upload of a file that replaced a stored one reaches the server and its
+    /// answer is lost: the retry finds this mount's bytes there, not another client's version.
+    @Test func aLostAnswerOfAQueuedUploadIsNotAConflict() throws {
+        let fake = FakeObjectStore()
+        fake.seed("f", text: "version 1")
+        let store = FaultInjectingStore(fake)
+        let fs = makeFilesystem(store, retrySeconds: 0)
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: root, name: "f")
+        let opened = try fs.open(f.inode, writable: true, truncate: true)
+        try Array("version 2".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
+        try fs.flush(handle: opened.handle)
+        fs.release(handle: opened.handle)
+        store.failNext(.put, count: 1, with: .after(.transient))
+        drain(fs)
+        #expect(store.injected.count == 1)
+        #expect(fake.object("f")?.bytes == Array("version 2".utf8))
+        #expect(fake.keys == ["f"])
+    }
+
     /// Which file the note beside `open`'s spool is (each write of a note is a new file renamed
     /// over the old one; an inode number may come back, its change time does not), nil when
     /// there is none.
