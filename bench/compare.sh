@@ -19,6 +19,8 @@
 #   rmrf     rm -rf of a directory of 1000 files of 4 KiB (written through the same tool, then a
 #            fresh mount): until rm returns, and until the server lists none of them, s
 #   find     find of the rsync tree (1000 files), fresh mount, s
+#   findtree find and du -s of a tree of 100 directories of 10 files each (seeded through the API,
+#            kept between runs), fresh mount each, s
 # and, for every mount the workloads make, the time from the mount command to the first `ls`
 # (median) and the daemon's peak RSS (VmHWM before unmount, maximum). The ceiling also reads the
 # object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling).
@@ -33,11 +35,12 @@
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb rclone-default rclone-tuned
 # s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback); WORKLOADS (read fio write create
-# creates4 ls rsync rsync1 rmrf find); FIO_SECONDS (20); WAIT_TIMEOUT
+# creates4 ls rsync rsync1 rmrf find findtree); FIO_SECONDS (20); WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
 # COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
 # left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
-# S3FS_TUNED_EXTRA (more rclone flags, more s3fs -o options) try other tunings; BENCH_MOUNT=PATH
+# S3FS_TUNED_EXTRA (more rclone flags, more s3fs -o options) try other tunings; CSSPFS_EXTRA
+# (more -o options of csspfs and csspfs-wb, e.g. list_ahead=0); BENCH_MOUNT=PATH
 # measures another mount.cssp (an older build) as csspfs.
 #
 # Subtleties:
@@ -67,7 +70,7 @@ export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
 export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
 ALL_TOOLS="ceiling csspfs csspfs-wb rclone-default rclone-tuned s3fs-default s3fs-tuned"
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
-WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1 rmrf find}
+WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1 rmrf find findtree}
 FIO_SECONDS=${FIO_SECONDS:-20}
 export LATENCY_MS=${LATENCY_MS:-0}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
@@ -83,8 +86,8 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create creates4 ls rsync rsync1 rmrf find " == *" $w "* ]] ||
-        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find)"
+    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree " == *" $w "* ]] ||
+        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -189,8 +192,8 @@ daemon_pid() {
 mount_command() {
     local log=$OUT/logs/$TOOL_NAME.log
     case $TOOL_NAME in
-        csspfs) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE" ;;
-        csspfs-wb) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",writeback ;;
+        csspfs) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE"${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
+        csspfs-wb) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",writeback${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         rclone-default | rclone-tuned)
             local tuned=()
             [[ $TOOL_NAME == rclone-tuned ]] && tuned=("${RCLONE_TUNED[@]}")
@@ -469,14 +472,42 @@ workload_rmrf() {
     remove_writes
 }
 
-workload_find() {
-    local tree=rsync-${TOOL_NAME%%-*} t n
-    seed_rsync_tree "$tree" || return 0
+# find of directory $1 of a fresh mount, recorded as $2; it must print $3 names.
+timed_find() {
+    local t n
     mount_fresh
     t=$(now)
-    n=$(find "$MNT/$tree" | wc -l)
-    record find "$(since "$t")"
-    ((n == 1001)) || die "$TOOL_NAME: find of $tree printed $n names, expected 1001"
+    n=$(find "$MNT/$1" | wc -l)
+    record "$2" "$(since "$t")"
+    ((n == $3)) || die "$TOOL_NAME: find of $1 printed $n names, expected $3"
+    unmount_it
+}
+
+workload_find() {
+    local tree=rsync-${TOOL_NAME%%-*}
+    seed_rsync_tree "$tree" || return 0
+    timed_find "$tree" find 1001
+}
+
+# A tree of 100 directories of 10 one-byte files each below seed/tree/, put through the API
+# (no directory markers: the layout other tools leave), unless the server holds it already.
+seed_find_tree() {
+    [[ $("$TOOL" "$URL" ls seed/tree/ | wc -l) == 1000 ]] && return 0
+    note "seeding seed/tree/ (100 directories of 10 files; kept for later runs)"
+    local d
+    for d in $(seq -w 0 99); do
+        "$TOOL" "$URL" put-many "seed/tree/d$d/f" 10 1 10 >/dev/null
+    done
+}
+
+workload_findtree() {
+    local t
+    seed_find_tree
+    timed_find seed/tree findtree 1101
+    mount_fresh
+    t=$(now)
+    du -s "$MNT/seed/tree" >/dev/null
+    record dutree "$(since "$t")"
     unmount_it
 }
 
@@ -651,6 +682,8 @@ ROWS = [
     ("rmrf_return", "rm -rf of 1000 files, return, s", False),
     ("rmrf", "  the same, until the server lists none, s", False),
     ("find", "find of 1000 files, fresh mount, s", False),
+    ("findtree", "find of 100 dirs x 10 files, fresh mount, s", False),
+    ("dutree", "du -s of the same, fresh mount, s", False),
     ("mount", "mount command to first ls, s", False),
     ("rss", "peak RSS of the daemon (VmHWM), MiB", False),
 ]

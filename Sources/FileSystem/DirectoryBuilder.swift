@@ -19,6 +19,8 @@ struct DirectoryBuilder {
     /// Names already emitted as directories (a later `x/` merges into an application/directory `x`).
     private var emittedDirectories: Set<ExactString> = []
     private(set) var skippedNames = 0
+    /// Whether the listing showed an object at the prefix itself (the directory's `dir/` marker).
+    private(set) var sawMarker = false
 
     /// A file and a directory with the same name.
     struct Collision: Equatable {
@@ -52,6 +54,7 @@ struct DirectoryBuilder {
                     entries.append(Self.directory(name, key: full))
                 }
             case .object(let summary):
+                if summary.key.isSameKey(as: prefix) { sawMarker = true }
                 guard !summary.key.isSameKey(as: prefix), let name = component(of: summary.key, trailingSlash: false) else {
                     continue
                 }

@@ -157,6 +157,9 @@ final class DirectoryReader: Sendable {
         return tail
     }
 
+    /// Whether the listing read so far showed the directory's own `dir/` marker object.
+    var sawMarker: Bool { state.withLock { $0.builder.sawMarker } }
+
     /// Every entry, if the whole listing has been read.
     func completeEntries() -> [DirectoryEntry]? {
         state.withLock { $0.complete ? $0.entries : nil }

@@ -22,6 +22,10 @@ import ObjectStore
 ///    read), `listAheadTableLimit` listings kept (all dropped when full), and a directory
 ///    larger than `listAheadEntryLimit` entries is left to its readdir. Failures are dropped
 ///    silently: the readdir lists by itself and reports its own error.
+/// 4. A directory's attributes live on its `dir/` marker, which the lookup before its readdir
+///    HEADs (or takes from `prefetchMetadata`). A listing of `dir/` shows the marker too, so one
+///    that does not show it answers that HEAD: no marker (the layout other tools leave), one
+///    round trip fewer per directory.
 extension Filesystem {
     static let listAheadQueueLimit = 256
     static let listAheadTableLimit = 1_024
@@ -44,7 +48,8 @@ extension Filesystem {
 
     struct AheadState {
         var slots: [ExactString: AheadSlot] = [:]
-        var queue: [String] = []
+        /// The subdirectories' entries in their parent's listing, in order.
+        var queue: [DirectoryEntry] = []
         var next = 0
         var workers = 0
         var stopped = false
@@ -55,8 +60,8 @@ extension Filesystem {
     func listAhead(subdirectoriesOf entries: [DirectoryEntry]) {
         let width = configuration.listAhead
         guard width > 0, configuration.directoryCacheSeconds > 0 else { return }
-        let prefixes = entries.lazy.filter { $0.kind == .directory }.map(\.key)
-        guard !prefixes.isEmpty else { return }
+        let directories = entries.lazy.filter { $0.kind == .directory }
+        guard !directories.isEmpty else { return }
         let start: Int = listingsAhead.withLock { a in
             guard !a.stopped else { return 0 }
             if a.next == a.queue.count {
@@ -66,9 +71,10 @@ extension Filesystem {
             if a.slots.count >= Self.listAheadTableLimit {
                 a.slots = a.slots.filter { if case .done = $0.value { false } else { true } }
             }
-            for prefix in prefixes where a.queue.count - a.next < Self.listAheadQueueLimit && a.slots[prefix.exact] == nil {
-                a.slots[prefix.exact] = .queued
-                a.queue.append(prefix)
+            for directory in directories
+            where a.queue.count - a.next < Self.listAheadQueueLimit && a.slots[directory.key.exact] == nil {
+                a.slots[directory.key.exact] = .queued
+                a.queue.append(directory)
             }
             let starting = max(0, min(width - a.workers, a.queue.count - a.next))
             a.workers += starting
@@ -79,29 +85,31 @@ extension Filesystem {
 
     private func runListAheadWorker() {
         while true {
-            let claimed: (String, DispatchGroup)? = listingsAhead.withLock { a in
+            let claimed: (DirectoryEntry, DispatchGroup)? = listingsAhead.withLock { a in
                 while a.next < a.queue.count && !a.stopped {
-                    let prefix = a.queue[a.next]
+                    let directory = a.queue[a.next]
                     a.next += 1
                     // A readdir may have taken the directory over (subtlety 2).
-                    guard case .queued? = a.slots[prefix.exact] else { continue }
+                    guard case .queued? = a.slots[directory.key.exact] else { continue }
                     let group = DispatchGroup()
                     group.enter()
-                    a.slots[prefix.exact] = .running(group)
-                    return (prefix, group)
+                    a.slots[directory.key.exact] = .running(group)
+                    return (directory, group)
                 }
                 a.workers -= 1
                 return nil
             }
-            guard let (prefix, group) = claimed else { return }
-            let listing = fetchAhead(prefix)
-            listingsAhead.withLock { a in a.slots[prefix.exact] = listing.map { .done($0) } }
+            guard let (directory, group) = claimed else { return }
+            let listing = fetchAhead(directory)
+            listingsAhead.withLock { a in a.slots[directory.key.exact] = listing.map { .done($0) } }
             group.leave()
         }
     }
 
-    /// The whole listing of `prefix`, nil when it fails or is too large (subtlety 3).
-    private func fetchAhead(_ prefix: String) -> AheadListing? {
+    /// The whole listing of `directory`, nil when it fails or is too large (subtlety 3). A
+    /// listing without the directory's `dir/` marker also answers the marker's HEAD (subtlety 4).
+    private func fetchAhead(_ directory: DirectoryEntry) -> AheadListing? {
+        let prefix = directory.key
         let (generation, startedAt) = state.withLock { s in (s.directories.generation, now()) }
         let reader = DirectoryReader(
             store: store, prefix: prefix, pageSize: min(configuration.listPageSize, Self.listAheadEntryLimit + 1),
@@ -119,6 +127,7 @@ extension Filesystem {
             return nil
         }
         guard let entries = reader.completeEntries() else { return nil }
+        if !reader.sawMarker { recordPrefetched(directory, answer: .some(nil), askedAt: reader.askedAt) }
         return AheadListing(entries: entries, askedAt: reader.askedAt, startedAt: startedAt, generation: generation)
     }
 

@@ -58,6 +58,27 @@ struct ListAheadTests {
         for d in 1...5 { #expect(listings.count("d\(d)/") == 1, "d\(d)/ listed once") }
     }
 
+    /// A listing fetched ahead that shows no `dir/` marker answers the marker's HEAD the
+    /// lookup would send (subtlety 4); a directory with a marker still gets its attributes.
+    @Test func aListingAheadWithoutAMarkerSavesTheLookupsHead() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        fake.seed("d5/", [], contentType: StoredAttributes(mode: 0o700).contentType(base: ObjectKey.directoryContentType))
+        let heads = Locked<[String]>([])
+        let store = FaultInjectingStore(fake) { call in
+            if call.operation == .head { heads.withLock { $0.append(call.key) } }
+            return .none
+        }
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try fs.names(in: root)
+        fs.waitForListingsAhead()
+        heads.withLock { $0 = [] }
+        for d in 1...4 { _ = try fs.lookup(parent: root, name: "d\(d)") }
+        #expect(heads.withLock { $0 } == [])
+        #expect(try fs.lookup(parent: root, name: "d5").permissions == 0o700)
+    }
+
     /// A directory renamed away, and another renamed to its name, after their listings were
     /// fetched ahead: the name shows what it holds now, not what the listing said.
     @Test func aChangeMadeHereDropsTheListingsAhead() throws {
