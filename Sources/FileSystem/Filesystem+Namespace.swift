@@ -351,7 +351,13 @@ extension Filesystem {
     /// The manifest is read again first: another mount may have replaced or renamed the file.
     private func removeObject(_ node: Node) throws(FSError) {
         var manifest: String? = nil
-        if node.manifest != nil || node.size == 0 {
+        // A DLO manifest is read again first (its parts are deleted after it, and another mount
+        // may have renamed or replaced it); so is a zero-byte object, which may be one, unless a
+        // HEAD or this mount's own upload said within attr_timeout that it is not: then the
+        // DELETE is the one request (a parts prefix of a manifest another client made of it in
+        // that second would be left, never data).
+        let knownPlain = node.manifest == nil && now() - node.metadataKnownAt <= configuration.attributeCacheSeconds
+        if node.manifest != nil || (node.size == 0 && !knownPlain) {
             do {
                 manifest = try store.head(key: node.key).manifest
             } catch where error.code == .notFound {

@@ -1,3 +1,4 @@
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -28,6 +29,30 @@ struct FilesystemTests {
 
     func readAll(_ fs: Filesystem, _ inode: InodeNumber, chunk: Int = 4096) throws -> [UInt8] {
         try fs.readWhole(inode, chunk: chunk)
+    }
+
+    /// rm of an empty file this mount just stored (or HEADed) is one DELETE, not a HEAD first
+    /// (issue 20 part 2: no two requests in series where one does); one whose metadata is
+    /// older is HEADed first (it may be a DLO manifest since).
+    @Test func unlinkOfAnEmptyFileKnownPlainIsOneDelete() throws {
+        let store = FakeObjectStore()
+        var now = 1_000.0
+        let clock = Locked(now)
+        var configuration = FilesystemConfiguration()
+        configuration.clock = { clock.withLock { $0 } }
+        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        try fs.storeFile(Filesystem.rootInode, "fresh", [])
+        try fs.storeFile(Filesystem.rootInode, "old", [])
+        store.resetCounts()
+        try fs.unlink(parent: Filesystem.rootInode, name: "fresh")
+        #expect(store.counts.head == 0 && store.counts.delete == 1)
+        now += 10
+        clock.withLock { $0 = now }
+        store.resetCounts()
+        try fs.unlink(parent: Filesystem.rootInode, name: "old")
+        #expect(store.counts.head >= 1 && store.counts.delete == 1)
     }
 
     @Test func readdirOfRegularObjectsMakesNoHead() throws {
