@@ -64,11 +64,7 @@ struct ListAheadTests {
         let fake = FakeObjectStore()
         seedTree(fake)
         fake.seed("d5/", [], contentType: StoredAttributes(mode: 0o700).contentType(base: ObjectKey.directoryContentType))
-        let heads = Locked<[String]>([])
-        let store = FaultInjectingStore(fake) { call in
-            if call.operation == .head { heads.withLock { $0.append(call.key) } }
-            return .none
-        }
+        let (store, heads) = recordingCalls(of: .head, in: fake)
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
         _ = try fs.names(in: root)

@@ -48,10 +48,7 @@ struct RecoveryTests {
                 try died.storeFile(parent, parts.last!, Array(text.utf8), caller: caller)
                 continue
             }
-            let opened = try died.open(existing.inode, writable: true, truncate: true)
-            try Array(text.utf8).withUnsafeBytes { try died.write(handle: opened.handle, offset: 0, bytes: $0) }
-            try died.flush(handle: opened.handle)
-            died.release(handle: opened.handle)
+            try died.overwrite(existing.inode, Array(text.utf8))
         }
         died.spool.unlock()
     }
@@ -186,11 +183,7 @@ struct RecoveryTests {
         let fake = FakeObjectStore()
         let order = ["m", "b", "z", "a", "k", "c"]
         try dieWithQueuedFiles(fake, order.map { ($0, "file " + $0) })
-        let puts = Locked<[String]>([])
-        let store = FaultInjectingStore(fake) { call in
-            if call.operation == .put { puts.withLock { $0.append(call.key) } }
-            return .none
-        }
+        let (store, puts) = recordingCalls(of: .put, in: fake)
         let next = makeFilesystem(store)
         defer { next.shutdown() }
         next.recoverPendingUploads()

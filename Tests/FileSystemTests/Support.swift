@@ -1,4 +1,7 @@
 import Foundation
+import Locking
+import ObjectStore
+import ObjectStoreTesting
 
 @testable import FileSystem
 
@@ -58,6 +61,14 @@ extension Filesystem {
         }
     }
 
+    /// Opens `inode` with O_TRUNC, writes `bytes` and closes it, as `cp` over a file would.
+    func overwrite(_ inode: InodeNumber, _ bytes: [UInt8]) throws {
+        let opened = try open(inode, writable: true, truncate: true)
+        try bytes.withUnsafeBytes { try write(handle: opened.handle, offset: 0, bytes: $0) }
+        try flush(handle: opened.handle)
+        release(handle: opened.handle)
+    }
+
     /// The content of `name` in `parent`, as text.
     func text(_ parent: InodeNumber, _ name: String) throws -> String {
         String(decoding: try readWhole(try lookup(parent: parent, name: name).inode, chunk: 1 << 16), as: UTF8.self)
@@ -75,4 +86,16 @@ extension Filesystem {
         release(handle: opened.handle)
         return attributes
     }
+}
+
+/// A store over `wrapped` that records the key of every call of `operation`, in order.
+func recordingCalls(of operation: FaultInjectingStore.Call.Operation, in wrapped: any ObjectStore)
+    -> (store: FaultInjectingStore, keys: Locked<[String]>)
+{
+    let keys = Locked<[String]>([])
+    let store = FaultInjectingStore(wrapped) { call in
+        if call.operation == operation { keys.withLock { $0.append(call.key) } }
+        return .none
+    }
+    return (store, keys)
 }

@@ -166,11 +166,7 @@ struct WriteBackTests {
         store.seed("f", text: "theirs")
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
-        let f = try fs.lookup(parent: root, name: "f")
-        let opened = try fs.open(f.inode, writable: true, truncate: true)
-        try Array("mine".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
+        try fs.overwrite(try fs.lookup(parent: root, name: "f").inode, Array("mine".utf8))
         try store.delete(key: "f")
         drain(fs)
         #expect(store.keys.count == 1 && store.keys[0].hasPrefix("f.cssp-conflict-"), "\(store.keys)")
@@ -260,11 +256,7 @@ struct WriteBackTests {
         let store = FaultInjectingStore(fake)
         let fs = makeFilesystem(store, retrySeconds: 0)
         defer { fs.shutdown() }
-        let f = try fs.lookup(parent: root, name: "f")
-        let opened = try fs.open(f.inode, writable: true, truncate: true)
-        try Array("version 2".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
-        try fs.flush(handle: opened.handle)
-        fs.release(handle: opened.handle)
+        try fs.overwrite(try fs.lookup(parent: root, name: "f").inode, Array("version 2".utf8))
         store.failNext(.put, count: 1, with: .after(.transient))
         drain(fs)
         #expect(store.injected.count == 1)
