@@ -33,20 +33,6 @@ struct DeleteEntry: Equatable, Sendable {
     static let manifestTag = "manifest:"
 }
 
-/// The journal's file as the delete journal uses it: appends, a sync that makes them durable,
-/// and a whole replacement that is durable when it returns. `DiskJournalFile` is the real one;
-/// the power-cut test uses a double that loses what was not synced.
-protocol JournalFile: Sendable {
-    /// What the file holds now.
-    func contents() -> [UInt8]
-    /// Appends `bytes` (one write); false when it could not.
-    func append(_ bytes: [UInt8]) -> Bool
-    /// Makes every append so far durable; false when it could not.
-    func sync() -> Bool
-    /// Replaces the whole file durably (a new file, synced, renamed over, its directory synced).
-    func replace(with bytes: [UInt8]) -> Bool
-}
-
 /// The delete journal: an append-only file of records, `D` (a delete owed: sequence, kind,
 /// ETag, key) and `X` (that sequence is done, or was given up before its unlink returned).
 /// Fields end in NUL, which no key holds. What a crash cut short at the end is ignored.
@@ -63,22 +49,14 @@ protocol JournalFile: Sendable {
 /// 4. At open, the records left are read and the file is rewritten with only the deletes still
 ///    owed (compacted), before anything is appended.
 final class DeleteJournal: Sendable {
-    private struct Sync {
-        /// Appends made, and the appends known durable.
-        var appended: UInt64 = 0
-        var synced: UInt64 = 0
-        var syncing = false
-    }
-
-    let file: any JournalFile
-    /// Appends and the group commit (a leaf lock; held across the append's write, never a sync).
-    private let state = ConditionLocked(Sync())
+    /// The file and its group commit.
+    private let log: AppendLog
+    var file: any JournalFile { log.file }
 
     /// The deletes owed in `file` (oldest first); the file is compacted to them.
     let leftovers: [DeleteEntry]
 
     init(file: any JournalFile, adopting others: [any JournalFile] = []) {
-        self.file = file
         var entries = Self.parse(file.contents())
         for other in others { entries += Self.parse(other.contents()) }
         // Renumbered in order: the adopted ones after this directory's own.
@@ -93,48 +71,29 @@ final class DeleteJournal: Sendable {
             _ = file.replace(with: renumbered.flatMap(Self.record))
         }
         for other in others { _ = other.replace(with: []) }
+        log = AppendLog(file: file)
     }
 
     /// Appends the record of `entry`; returns the append's number for `commit`, or nil.
     func append(_ entry: DeleteEntry) -> UInt64? {
-        append(Self.record(entry))
+        log.append(Self.record(entry))
     }
 
     /// Appends `X` records for `sequences`; returns the append's number for `commit`, or nil.
     func appendDone(_ sequences: [UInt64]) -> UInt64? {
-        guard !sequences.isEmpty else { return state.withLock { $0.appended } }
-        return append(sequences.flatMap(Self.doneRecord))
-    }
-
-    private func append(_ bytes: [UInt8]) -> UInt64? {
-        state.withLock { s in
-            guard file.append(bytes) else { return nil }
-            s.appended += 1
-            return s.appended
-        }
+        guard !sequences.isEmpty else { return log.appended }
+        return log.append(sequences.flatMap(Self.doneRecord))
     }
 
     /// Returns once append number `number` is durable (subtlety 1); false when a sync failed.
     func commit(upTo number: UInt64) -> Bool {
-        // Waits while another caller's sync runs (it may cover this append); else leads one.
-        let target = state.withLock(when: { $0.synced >= number || !$0.syncing }) { s -> UInt64? in
-            guard s.synced < number else { return nil }
-            s.syncing = true
-            return s.appended
-        } ?? nil
-        guard let target else { return true }
-        let ok = file.sync()
-        state.withLock { s in
-            if ok { s.synced = max(s.synced, target) }
-            s.syncing = false
-        }
-        return ok
+        log.commit(upTo: number)
     }
 
     /// Empties the file once nothing is owed, unless something was appended after append
     /// number `number` (the caller's last, which found nothing owed).
     func truncate(ifLastAppend number: UInt64) -> Bool {
-        state.withLock { s in s.appended == number && file.replace(with: []) }
+        log.replace(ifLastAppend: number, with: [])
     }
 
     // MARK: Records
@@ -175,76 +134,5 @@ final class DeleteJournal: Sendable {
             }
         }
         return order.compactMap { owed[$0] }
-    }
-}
-
-/// The delete journal's file on disk.
-final class DiskJournalFile: JournalFile {
-    let path: String
-    /// The descriptor (opened for appending on first use; -1 when closed).
-    private let descriptor = Locked<Int32>(-1)
-
-    init(path: String) {
-        self.path = path
-    }
-
-    deinit {
-        descriptor.withLock { fd in if fd >= 0 { close(fd) } }
-    }
-
-    func contents() -> [UInt8] {
-        Spool.read(path).map { Array($0.utf8) } ?? []
-    }
-
-    private func withDescriptor<T>(_ body: (Int32) -> T?) -> T? {
-        descriptor.withLock { fd in
-            if fd < 0 { fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600) }
-            guard fd >= 0 else { return nil }
-            return body(fd)
-        }
-    }
-
-    func append(_ bytes: [UInt8]) -> Bool {
-        withDescriptor { fd in
-            var done = 0
-            while done < bytes.count {
-                let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + done, bytes.count - done) }
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                done += n
-            }
-            return true
-        } ?? false
-    }
-
-    func sync() -> Bool {
-        withDescriptor { fdatasync($0) == 0 } ?? false
-    }
-
-    func replace(with bytes: [UInt8]) -> Bool {
-        descriptor.withLock { fd in
-            let temporary = path + ".new"
-            let out = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
-            guard out >= 0 else { return false }
-            let written = bytes.isEmpty ? 0 : bytes.withUnsafeBytes { write(out, $0.baseAddress, $0.count) }
-            let synced = fsync(out) == 0
-            close(out)
-            guard written == bytes.count, synced, rename(temporary, path) == 0 else {
-                unlink(temporary)
-                return false
-            }
-            if fd >= 0 { close(fd) }
-            fd = -1
-            return Self.syncDirectory(of: path)
-        }
-    }
-
-    /// fsync of the directory holding `path` (a rename in it is durable then).
-    static func syncDirectory(of path: String) -> Bool {
-        let parent = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
-        let fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        return fsync(fd) == 0
     }
 }

@@ -451,7 +451,7 @@ extension Filesystem {
         if let failure, unstored {
             // Never uploaded (they are not what was written); kept for the operator, never deleted.
             open.closeDescriptor()
-            Spool.removeNote(dataPath: open.path)
+            spool.removeNote(dataPath: open.path)
             let kept = Spool.keepLost(dataPath: open.path) ?? open.path
             logger.error(
                 "not stored, because a write to the cache failed (\(failure.message)); the bytes written are kept in \(kept)",
@@ -698,7 +698,7 @@ extension Filesystem {
             if stillOwed {
                 journalHeld(open, note: &note)
             } else {
-                Spool.removeNote(dataPath: open.path)
+                spool.removeNote(dataPath: open.path)
                 note = nil
             }
         }
@@ -738,7 +738,7 @@ extension Filesystem {
             if stillOwed {
                 journalHeld(open, note: &note)
             } else {
-                Spool.removeNote(dataPath: open.path)
+                spool.removeNote(dataPath: open.path)
                 note = nil
             }
         }

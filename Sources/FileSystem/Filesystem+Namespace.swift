@@ -340,7 +340,7 @@ extension Filesystem {
         let (early, _) = open.state.withLock { $0.remove() }
         if let early { discard(early) }
         open.noteLock.withLock { note in
-            Spool.removeNote(dataPath: open.path)
+            spool.removeNote(dataPath: open.path)
             note = nil
         }
         // Owed no more (failed or queued): not listed while a reader keeps the spool.

@@ -126,7 +126,7 @@ extension Filesystem {
         let (contentType, metadata) = storedForm(of: node)
         let upload = Spool.PendingUpload(key: node.key, contentType: contentType, metadata: metadata, base: base)
         if let note, note.upload == upload, note.synced || !sync { return true }
-        guard Spool.writePendingNote(dataPath: open.path, upload: upload, sync: sync) else { return false }
+        guard spool.writePendingNote(dataPath: open.path, upload: upload, sync: sync) else { return false }
         note = SpoolFile.WrittenNote(upload: upload, synced: sync)
         return true
     }

@@ -130,21 +130,21 @@ public final class Filesystem: Sendable {
         try self.init(store: store, configuration: configuration, logger: logger, journalFile: nil)
     }
 
-    /// `journalFile`: the delete journal's file at a path (tests pass a double that loses
-    /// unsynced writes in a simulated power cut).
+    /// `journalFile`: a journal's file at a path, the delete journal's and the upload journal's
+    /// (tests pass a double that loses unsynced writes in a simulated power cut).
     init(
         store raw: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger,
         journalFile: ((String) -> any JournalFile)?
     ) throws(FSError) {
         self.configuration = configuration
         self.logger = logger
-        let spool = try Spool(directory: configuration.spoolDirectory)
+        let makeFile = journalFile ?? { DiskJournalFile(path: $0) }
+        let spool = try Spool(directory: configuration.spoolDirectory, journalFile: makeFile)
         self.spool = spool
         let sharedParts = SharedParts(directory: configuration.spoolDirectory)
         self.sharedParts = sharedParts
         let pool = BackgroundPool(width: configuration.backgroundThreads)
         self.pool = pool
-        let makeFile = journalFile ?? { DiskJournalFile(path: $0) }
         let journal = DeleteJournal(
             file: makeFile(Spool.deleteJournalPath(in: spool.directory)),
             adopting: spool.adopted.map { makeFile(Spool.deleteJournalPath(in: $0)) })

@@ -8,10 +8,12 @@ import Glibc
 /// The spool directory: one local file per file open for writing, uploaded at close/fsync.
 ///
 /// Subtleties:
-/// 1. The bytes of a file whose upload failed stay here, with a `.pending` note (the journal)
-///    naming the key, content type, metadata (mode, owner, mtime) and the ETag the bytes replace;
-///    a later mount of the same container stores them, with the same attributes, or as a
-///    conflict copy when another client changed the object meanwhile.
+/// 1. The bytes of a file whose upload failed (or is queued by write-back) stay here, with a
+///    note in the upload journal (`UploadJournal`, `uploads.journal`) naming the key, content
+///    type, metadata (mode, owner, mtime) and the ETag the bytes replace; a later mount of the
+///    same container stores them, with the same attributes, or as a conflict copy when another
+///    client changed the object meanwhile. (Earlier versions wrote a `.pending` note beside each
+///    data file; such notes are still read.)
 /// 2. A full disk is ENOSPC from `write`, not a lost close: every write goes to the spool first.
 /// 3. Spool files of an earlier process without a note were never acknowledged as stored; they
 ///    are not uploaded, but kept in `lost+found/` (a note may have failed to be written on a
@@ -33,6 +35,8 @@ final class Spool: Sendable {
     let attributeLeftovers: [(note: String, change: PendingUpload)]
     /// Directories of earlier processes this one adopted (their lock was free).
     let adopted: [String]
+    /// The notes of this directory's data files (subtlety 1).
+    let uploads: UploadJournal
 
     /// The delete journal of a spool directory (`DeleteJournal`).
     static func deleteJournalPath(in directory: String) -> String { directory + "/deletes.journal" }
@@ -40,7 +44,8 @@ final class Spool: Sendable {
     /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until `unlock`).
     /// When another live mount of the same URL holds it, a private `directory.PID` is used instead,
     /// so neither mount ever touches the other's spool files.
-    init(directory requested: String) throws(FSError) {
+    /// `journalFile`: a journal's file at a path (tests pass a double that loses unsynced writes).
+    init(directory requested: String, journalFile: (String) -> any JournalFile = { DiskJournalFile(path: $0) }) throws(FSError) {
         var directory = requested
         guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
         var fd = Spool.lock(directory)
@@ -52,14 +57,22 @@ final class Spool: Sendable {
         }
         self.directory = directory
         var locks = [fd]
-        var (found, attributes) = Spool.scan(directory)
+        uploads = UploadJournal(directory: directory, file: journalFile(directory + "/" + UploadJournal.fileName)) { name in
+            access(directory + "/" + name, F_OK) == 0
+        }
+        var (found, attributes) = Spool.scan(directory, journal: uploads.leftovers)
         var adopted: [String] = []
         for sibling in Spool.siblings(of: requested) where sibling != directory {
             let siblingLock = Spool.lock(sibling)
             guard siblingLock >= 0 else { continue }  // its mount is alive
             locks.append(siblingLock)
             adopted.append(sibling)
-            let (data, notes) = Spool.scan(sibling)
+            let journal = UploadJournal.parse(journalFile(sibling + "/" + UploadJournal.fileName).contents())
+            let (data, notes) = Spool.scan(
+                sibling,
+                journal: journal.compactMap { name, bytes in
+                    PendingUpload(decoding: String(decoding: bytes, as: UTF8.self)).map { (name, $0) }
+                })
             found += data
             attributes += notes
         }
@@ -98,9 +111,10 @@ final class Spool: Sendable {
         return names
     }
 
-    /// Data files in `directory` with their notes (nil: no note), oldest name first; and the
-    /// attribute notes.
-    private static func scan(_ directory: String)
+    /// Data files in `directory` with their notes (nil: no note), oldest first: those with a
+    /// `.pending` note of an earlier version (by its time), then those the journal names (in its
+    /// order), then those without a note; and the attribute notes.
+    private static func scan(_ directory: String, journal: [(name: String, note: PendingUpload)])
         -> (data: [(data: String, upload: PendingUpload?)], attributes: [(note: String, change: PendingUpload)])
     {
         var data: [String] = []
@@ -123,16 +137,23 @@ final class Spool: Sendable {
                 }
             }
         }
-        // Oldest first: by the time the note (else the data file) was last written (`writeNote`).
+        // Earlier versions' notes, oldest first by the time they were last written.
         func age(_ name: String) -> (Int, Int, String) {
             var st = stat()
             let note = directory + "/" + String(name.dropLast(".data".count)) + ".pending"
-            guard stat(note, &st) == 0 || stat(directory + "/" + name, &st) == 0 else { return (0, 0, name) }
+            guard stat(note, &st) == 0 else { return (0, 0, name) }
             return (st.st_mtim.tv_sec, st.st_mtim.tv_nsec, name)
         }
-        let uploads = data.map { ($0, age($0)) }.sorted { $0.1 < $1.1 }.map(\.0).map { name in
-            (directory + "/" + name, notes[name].flatMap(PendingUpload.init(decoding:)))
-        }
+        let present = Set(data)
+        let journaled = journal.filter { present.contains($0.name) }
+        let inJournal = Set(journaled.map(\.name))
+        let legacy = data.filter { !inJournal.contains($0) }.compactMap { name in
+            notes[name].flatMap(PendingUpload.init(decoding:)).map { (name: name, note: $0, age: age(name)) }
+        }.sorted { $0.age < $1.age }
+        let noted = inJournal.union(legacy.map(\.name))
+        let uploads: [(data: String, upload: PendingUpload?)] =
+            legacy.map { (directory + "/" + $0.name, $0.note) } + journaled.map { (directory + "/" + $0.name, $0.note) }
+            + data.filter { !noted.contains($0) }.sorted().map { (directory + "/" + $0, nil) }
         return (uploads, attributes)
     }
 
@@ -196,6 +217,7 @@ final class Spool: Sendable {
         let path = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".data"
         let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Spool.error("create spool file \(path)") }
+        uploads.dataFileMade()
         return (path, fd)
     }
 
@@ -247,6 +269,11 @@ final class Spool: Sendable {
     }
 
     static func read(_ path: String) -> String? {
+        readBytes(path).flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// The bytes of the file at `path`; nil when it cannot be opened.
+    static func readBytes(_ path: String) -> [UInt8]? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
@@ -257,15 +284,21 @@ final class Spool: Sendable {
             guard n > 0 else { break }
             bytes += buffer[0..<n]
         }
-        return bytes.isEmpty ? nil : String(decoding: bytes, as: UTF8.self)
+        return bytes
     }
 
-    /// Writes the note that marks `dataPath` as an upload still owed (a new file, synced, renamed
-    /// over the old note, so that a crash leaves one whole note or the other); returns whether
-    /// the note is written.
+    /// Journals `upload` as what the data file `dataPath` (one of this directory's) is owed;
+    /// `sync`: durable before this returns (one sync for every close that arrived meanwhile),
+    /// else it survives the process, and a power cut once the next synced note is. Returns
+    /// whether the note is written.
     @discardableResult
-    static func writePendingNote(dataPath: String, upload: PendingUpload, sync: Bool = true) -> Bool {
-        writeNote(String(dataPath.dropLast(".data".count)) + ".pending", upload, sync: sync)
+    func writePendingNote(dataPath: String, upload: PendingUpload, sync: Bool = true) -> Bool {
+        uploads.write(Self.name(of: dataPath), note: upload, sync: sync)
+    }
+
+    /// The data file's name in its directory.
+    private static func name(of path: String) -> String {
+        path.split(separator: "/").last.map(String.init) ?? path
     }
 
     /// Writes a note: a new file, renamed over the old one, so that a crash leaves one whole note
@@ -299,10 +332,13 @@ final class Spool: Sendable {
     }
 
     /// Removes the note only: the spool's bytes are owed to nobody any more (unlinked, replaced).
-    static func removeNote(dataPath: String) {
+    func removeNote(dataPath: String) {
+        uploads.remove(Self.name(of: dataPath))
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
     }
 
+    /// Removes a data file (its journal note counts for nothing then) and an earlier version's
+    /// note beside it.
     static func remove(dataPath: String) {
         unlink(dataPath)
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")

@@ -359,7 +359,7 @@ struct DeleteJournalTests {
         }
         let tests = WriteBackDeleteTests()
         let spool = NSTemporaryDirectory() + "cssp-wb-delete-spool-" + UUID().uuidString
-        let died = tests.makeFilesystem(refused, spool: spool, journalFile: { _ in file })
+        let died = tests.makeFilesystem(refused, spool: spool, journalFile: { $0.hasSuffix("/deletes.journal") ? file as any JournalFile : DiskJournalFile(path: $0) })
         defer { died.shutdown(deadline: 5) }
         for name in ["a", "b"] {
             _ = try died.lookup(parent: Filesystem.rootInode, name: name)
