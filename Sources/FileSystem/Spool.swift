@@ -246,6 +246,10 @@ final class Spool: Sendable {
             return Array(fields.joined(separator: "\0").utf8)
         }
 
+        /// Byte for byte (`encoded`): Swift's `String ==` calls two Unicode normalisations of a
+        /// key equal, and a note must be rewritten when a rename changes one into the other.
+        static func == (a: PendingUpload, b: PendingUpload) -> Bool { a.encoded == b.encoded }
+
         init(key: String, contentType: String, metadata: [String: String], base: String?) {
             self.key = key
             self.contentType = contentType

@@ -217,4 +217,24 @@ struct RecoveryTests {
         #expect(try text(next, root, "f") == "version 1")
         #expect(store.object("f")?.bytes == Array("version 1".utf8))
     }
+
+    /// Core model seed 531: a queued file renamed to the other Unicode normalisation of its name
+    /// ("café" precomposed to "cafe" + U+0301) must be journaled under the new key. Swift's
+    /// `String ==` calls the two equal, so the note "would say the same" and was not rewritten:
+    /// the next mount stored the bytes under the old key (a conflict copy beside whatever was
+    /// there).
+    @Test func aRenameToTheOtherNormalisationIsJournaled() throws {
+        let store = FakeObjectStore()
+        let died = makeFilesystem(store)
+        let nfc = "caf\u{E9}"
+        let nfd = "cafe\u{301}"
+        try died.storeFile(root, nfc, Array("queued".utf8), caller: caller)
+        try died.rename(parent: root, name: nfc, newParent: root, newName: nfd, noReplace: false)
+        died.spool.unlock()
+        let next = makeFilesystem(store)
+        defer { next.shutdown() }
+        next.recoverPendingUploads()
+        #expect(store.keys.map(\.unicodeScalars.count) == [nfd.unicodeScalars.count], "\(store.keys.map { Array($0.utf8) })")
+        #expect(store.object(nfd)?.bytes == Array("queued".utf8))
+    }
 }
