@@ -112,7 +112,7 @@ final class BackgroundPool: Sendable {
 }
 
 /// Starts a detached thread running `body`.
-private func startThread(_ body: @escaping @Sendable () -> Void) {
+func startThread(_ body: @escaping @Sendable () -> Void) {
     final class Box: @unchecked Sendable {
         let body: @Sendable () -> Void
         init(_ body: @escaping @Sendable () -> Void) { self.body = body }

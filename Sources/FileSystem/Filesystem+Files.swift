@@ -531,12 +531,35 @@ extension Filesystem {
                 lastReport = waiting
             }
             for open in due { retryUpload(open) }
-            for open in queued { uploadQueued(open) }
+            uploadInParallel(queued)
             for open in held { try? commit(open) }
             if earlier > 0 { recovered.storeOwed() }
             usleep(UInt32(min(pause, max(left, 0.01)) * 1_000_000))
             pause = min(pause * 2, 5)
         }
+    }
+
+    /// Stores queued files `upload_parallel` at once (the drain's; the queue's own jobs may
+    /// run beside it: `uploadQueued` stores each spool once).
+    private func uploadInParallel(_ queued: [SpoolFile]) {
+        let next = Locked(0)
+        let done = DispatchGroup()
+        // Threads of their own: concurrentPerform runs only as many as there are cores, and
+        // Dispatch adds a thread a second when its threads block.
+        for _ in 0..<min(max(configuration.uploadConcurrency, 1), queued.count) {
+            done.enter()
+            startThread { [self] in
+                while let index = next.withLock({ n -> Int? in
+                    guard n < queued.count else { return nil }
+                    defer { n += 1 }
+                    return n
+                }) {
+                    uploadQueued(queued[index])
+                }
+                done.leave()
+            }
+        }
+        done.wait()
     }
 
     private func retryUpload(_ open: SpoolFile) {
