@@ -22,7 +22,7 @@ import Glibc
 /// 4. Attribute changes of closed files not stored yet (see `Filesystem+Attributes`) have a
 ///    `PROCESS-INODE.attributes` note each, in the same encoding; a later mount stores them (a POST) if
 ///    the object is still the version they were made on.
-/// 5. Data files are recycled: a spool done with is emptied and renamed `NAME.free` (at most
+/// 5. Data files are recycled: a spool done with is renamed `NAME.free` and emptied (at most
 ///    `freeLimit` of them), and a new spool takes one, renamed to a new name (never the old one,
 ///    which journal records may name). Making and freeing an inode per file is what ext4
 ///    without a journal pays dearly for (`UploadJournal`, subtlety 1); a rename costs neither.
@@ -367,10 +367,15 @@ final class Spool: Sendable {
     func recycle(dataPath: String) {
         let parent = dataPath.lastIndex(of: "/").map { String(dataPath[..<$0]) }
         let name = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".free"
-        guard parent == directory, free.withLock({ $0.count < Self.freeLimit }), truncate(dataPath, 0) == 0,
-            Self.move(dataPath, to: name)
-        else {
+        // Renamed before it is emptied: a journal record may still name the data file (the
+        // record that ends it is not synced), and a journal that orders metadata (ext4's) never
+        // keeps the truncation without the rename; a record naming a gone file counts for nothing.
+        guard parent == directory, free.withLock({ $0.count < Self.freeLimit }), Self.move(dataPath, to: name) else {
             Self.remove(dataPath: dataPath)
+            return
+        }
+        guard truncate(name, 0) == 0 else {
+            unlink(name)
             return
         }
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
