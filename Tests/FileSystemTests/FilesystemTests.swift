@@ -368,3 +368,40 @@ struct FilesystemTests {
         #expect(third.inode != first.inode)
     }
 }
+
+/// The shape of two core-model failures that did not replay (seeds 653 and 1203, once each in
+/// runs of hundreds of seeds): a file open for writing below a directory that is renamed, then
+/// unlinked by its new name, must not come back when the handle is closed, in both modes. This
+/// deterministic version passes; the model's failures needed some background timing.
+struct RenamedDirectoryOpenFileTests {
+    let caller = Caller(uid: 1000, gid: 100)
+    let root = Filesystem.rootInode
+
+    @Test(arguments: [false, true]) func aFileUnlinkedAfterItsDirectoryMovedStaysGone(writeBack: Bool) throws {
+        let store = FakeObjectStore()
+        var configuration = FilesystemConfiguration()
+        configuration.writeBack = writeBack
+        configuration.writeBackDelay = 3600
+        configuration.pendingRetrySeconds = 3600
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-renamed-dir-" + UUID().uuidString
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let a = try fs.mkdir(parent: root, name: "a", mode: 0o755, caller: caller)
+        let d = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller)
+        let file = try fs.storeFile(a.inode, "e f", Array("stored".utf8))
+        let held = try fs.open(file.inode, writable: true, truncate: true)
+        try Array("held".utf8).withUnsafeBytes { try fs.write(handle: held.handle, offset: 0, bytes: $0) }
+        try fs.overwrite(file.inode, Array("again".utf8))
+        try fs.rename(parent: root, name: "a", newParent: d.inode, newName: "a", noReplace: false)
+        _ = try fs.names(in: try fs.lookup(parent: d.inode, name: "a").inode)
+        let moved = try fs.lookup(parent: d.inode, name: "a").inode
+        try Array("x".utf8).withUnsafeBytes { try fs.write(handle: held.handle, offset: 1, bytes: $0) }
+        try fs.unlink(parent: moved, name: "e f")
+        #expect(throws: FSError.self) { try fs.lookup(parent: moved, name: "e f") }
+        try? fs.flush(handle: held.handle)
+        fs.release(handle: held.handle)
+        #expect(fs.drain(timeout: 10) { _ in }.isEmpty)
+        #expect(throws: FSError.self) { try fs.lookup(parent: moved, name: "e f") }
+        #expect(!store.keys.contains { $0.hasSuffix("e f") }, "\(store.keys)")
+    }
+}
