@@ -100,11 +100,11 @@ extension Filesystem {
             return open
         }
         guard let attached else {
-            open.discard(spool)
+            open.discard()
             throw FSError(.stale, "inode \(inode) was forgotten while it was being opened")
         }
         if attached !== open {
-            open.discard(spool)
+            open.discard()
             if truncate { try truncateAttached(attached, writable: writable) }
         } else if truncate {
             touch(inode)  // O_TRUNC of an existing file is a change of its data
@@ -178,15 +178,15 @@ extension Filesystem {
                 offset += Int64(bytes.count)
             }
         } catch {
-            open.discard(spool)
+            open.discard()
             throw FSError(storeError: error, operation: "open for writing", path: node.key)
         }
         if let failure {
-            open.discard(spool)
+            open.discard()
             throw failure
         }
         guard offset == info.size else {
-            open.discard(spool)
+            open.discard()
             throw FSError(
                 .ioError, "open for writing '\(node.key)': the server sent \(offset) of \(info.size) bytes; try again")
         }
@@ -458,7 +458,7 @@ extension Filesystem {
                 metadata: logFields(failure, operation: "release"))
             return
         }
-        open.discard(spool)
+        open.discard()
     }
 
     /// The fields of an error line (see `FSError.logMetadata`).
@@ -783,12 +783,13 @@ extension Filesystem {
     /// first sign of a newer change: blocks must hold exactly the bytes of `etag`.
     func seedCache(from open: SpoolFile, generation: UInt64, size: Int64, key: String, etag: String) {
         guard let cache = configuration.blockCache, size > 0, size <= cache.capacity / 4, !etag.isEmpty else { return }
-        guard let fd = open.copyDescriptor() else { return }
+        let fd = (try? open.usingDescriptor { dup($0) }) ?? -1
+        guard fd >= 0 else { return }
         let object = BlockCache.Object(name: cacheName(key), etag: etag)
         seeding.enter()
         let started = pool.submit { [seeding] in
             defer { seeding.leave() }
-            defer { open.releaseCopy(fd) }
+            defer { close(fd) }
             let blockSize = Int64(cache.blockSize)
             var index: Int64 = 0
             while index * blockSize < size {
@@ -810,7 +811,7 @@ extension Filesystem {
             }
         }
         if !started {
-            open.releaseCopy(fd)
+            close(fd)
             seeding.leave()
         }
     }
@@ -887,7 +888,7 @@ extension Filesystem {
         }
         // No open handle (truncate(2) on a path): download, cut, store, done.
         let open = try makeSpool(for: node, download: size > 0)
-        defer { open.discard(spool) }
+        defer { open.discard() }
         try open.truncate(to: size)
         touch(node.inode)
         try commit(open)

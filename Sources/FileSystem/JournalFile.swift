@@ -4,9 +4,10 @@ import Locking
 import Glibc
 #endif
 
-/// A journal's file as the journals use it (`DeleteJournal`, `UploadJournal`): appends, a sync that makes them durable,
-/// and a whole replacement that is durable when it returns. `DiskJournalFile` is the real one;
-/// the power-cut test uses a double that loses what was not synced.
+/// A journal's file as the journals use it (`DeleteJournal`, `UploadJournal`): appends, a sync
+/// that makes them durable, and a whole replacement that is durable when it returns.
+/// `DiskJournalFile` is the real one; the power-cut tests use a double that loses what was not
+/// synced.
 protocol JournalFile: Sendable {
     /// What the file holds now.
     func contents() -> [UInt8]
@@ -84,7 +85,7 @@ final class AppendLog: Sendable {
     }
 }
 
-/// The delete journal's file on disk.
+/// A journal's file on disk.
 final class DiskJournalFile: JournalFile {
     let path: String
     /// The descriptor (opened for appending on first use; -1 when closed).

@@ -22,12 +22,7 @@ import Glibc
 /// 4. Attribute changes of closed files not stored yet (see `Filesystem+Attributes`) have a
 ///    `PROCESS-INODE.attributes` note each, in the same encoding; a later mount stores them (a POST) if
 ///    the object is still the version they were made on.
-/// 5. Data files are recycled: a spool done with is renamed `NAME.free` and emptied (at most
-///    `freeLimit` of them), and a new spool takes one, renamed to a new name (never the old one,
-///    which journal records may name). Making and freeing an inode per file is what ext4
-///    without a journal pays dearly for (`UploadJournal`, subtlety 1); a rename costs neither.
-///    A later mount deletes what is left `.free`.
-/// 6. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
+/// 5. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
 ///    directories once their process is gone (their lock is free) and recovers them too.
 final class Spool: Sendable {
     let directory: String
@@ -42,9 +37,6 @@ final class Spool: Sendable {
     let adopted: [String]
     /// The notes of this directory's data files (subtlety 1).
     let uploads: UploadJournal
-    /// Emptied data files for new spools (subtlety 5).
-    private let free = Locked<[String]>([])
-    static let freeLimit = 64
 
     /// The delete journal of a spool directory (`DeleteJournal`).
     static func deleteJournalPath(in directory: String) -> String { directory + "/deletes.journal" }
@@ -131,7 +123,6 @@ final class Spool: Sendable {
         for name in entries(of: directory) {
             let path = directory + "/" + name
             if name.hasSuffix(".data") { data.append(name) }
-            if name.hasSuffix(".free") { unlink(path) }
             if name.contains(".pending.new") || name.contains(attributeNoteSuffix + ".new") {
                 unlink(path)  // a note never finished
             }
@@ -221,21 +212,9 @@ final class Spool: Sendable {
         return glibcSyncfs(fd) == 0
     }
 
-    /// Creates a new empty spool file, opened read-write (a recycled one when there is one).
+    /// Creates a new empty spool file, opened read-write.
     func create() throws(FSError) -> (path: String, fd: Int32) {
         let path = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".data"
-        if let recycled = free.withLock({ $0.popLast() }) {
-            if Self.move(recycled, to: path) {
-                let fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
-                if fd >= 0 {
-                    uploads.dataFileMade()
-                    return (path, fd)
-                }
-                unlink(path)
-            } else {
-                unlink(recycled)
-            }
-        }
         let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Spool.error("create spool file \(path)") }
         uploads.dataFileMade()
@@ -360,39 +339,6 @@ final class Spool: Sendable {
     func removeNote(dataPath: String) {
         uploads.remove(Self.name(of: dataPath))
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
-    }
-
-    /// Done with a data file of this directory: emptied and kept for a later spool (subtlety
-    /// 5), else removed. Its journal note counts for nothing then (its name is gone).
-    func recycle(dataPath: String) {
-        let parent = dataPath.lastIndex(of: "/").map { String(dataPath[..<$0]) }
-        let name = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".free"
-        // Renamed before it is emptied: a journal record may still name the data file (the
-        // record that ends it is not synced), and a journal that orders metadata (ext4's) never
-        // keeps the truncation without the rename; a record naming a gone file counts for nothing.
-        guard parent == directory, free.withLock({ $0.count < Self.freeLimit }), Self.move(dataPath, to: name) else {
-            Self.remove(dataPath: dataPath)
-            return
-        }
-        guard truncate(name, 0) == 0 else {
-            unlink(name)
-            return
-        }
-        unlink(String(dataPath.dropLast(".data".count)) + ".pending")
-        let kept = free.withLock { f in
-            guard f.count < Self.freeLimit else { return false }
-            f.append(name)
-            return true
-        }
-        if !kept { unlink(name) }
-    }
-
-    /// Renames `from` to `to` unless `to` exists (a link, then an unlink: glibc's module has no
-    /// `renameat2`); false when it could not.
-    private static func move(_ from: String, to: String) -> Bool {
-        guard link(from, to) == 0 else { return false }
-        unlink(from)
-        return true
     }
 
     /// Removes a data file (its journal note counts for nothing then) and an earlier version's

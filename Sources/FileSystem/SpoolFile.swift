@@ -230,10 +230,6 @@ final class SpoolFile: Sendable {
     private struct Descriptor {
         var fd: Int32
         var users = 0
-        /// Duplicates handed out (`copyDescriptor`) and not released yet.
-        var copies = 0
-        /// Discarded: never opened again.
-        var discarded = false
     }
     private let descriptor: Locked<Descriptor>
 
@@ -267,9 +263,7 @@ final class SpoolFile: Sendable {
     func usingDescriptor<T>(_ body: (Int32) throws(FSError) -> T) throws(FSError) -> T {
         let fd = try descriptor.withLock { (d: inout Descriptor) throws(FSError) -> Int32 in
             if d.fd < 0 {
-                // (Never a discarded spool's path: its file may be another spool's by now.)
-                if d.discarded { errno = ENOENT }
-                d.fd = d.discarded ? -1 : open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
+                d.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
                 guard d.fd >= 0 else { throw Spool.error("open spool \(path) again") }
             }
             d.users += 1
@@ -405,36 +399,10 @@ final class SpoolFile: Sendable {
         reply(UnsafeRawBufferPointer(rebasing: buffer[0..<done]))
     }
 
-    /// A duplicate of the descriptor for work that outlives the spool (the cache seeding reads
-    /// the bytes just stored in the background); nil when there is none. `releaseCopy` it.
-    func copyDescriptor() -> Int32? {
-        descriptor.withLock { d -> Int32? in
-            guard !d.discarded else { return nil }
-            if d.fd < 0 { d.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) }
-            guard d.fd >= 0 else { return nil }
-            let copy = dup(d.fd)
-            guard copy >= 0 else { return nil }
-            d.copies += 1
-            return copy
-        }
-    }
-
-    func releaseCopy(_ fd: Int32) {
-        close(fd)
-        descriptor.withLock { $0.copies -= 1 }
-    }
-
-    /// Closes the spool and gives its file back to `spool` (emptied, for a later spool), or
-    /// deletes it while a copy of its descriptor is still reading: a recycled file is truncated
-    /// and written again, and the reader would read another file's bytes.
-    func discard(_ spool: Spool) {
-        let copied = descriptor.withLock { d in
-            if d.fd >= 0 { close(d.fd) }
-            d.fd = -1
-            d.discarded = true
-            return d.copies > 0 || d.users > 0
-        }
-        if copied { Spool.remove(dataPath: path) } else { spool.recycle(dataPath: path) }
+    /// Closes and deletes the spool.
+    func discard() {
+        closeDescriptor()
+        Spool.remove(dataPath: path)
     }
 }
 

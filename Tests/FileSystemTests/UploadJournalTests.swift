@@ -195,47 +195,4 @@ struct UploadJournalTests {
         #expect(store.object("stale") == nil)
         #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".data") || $0.hasSuffix(".pending") } == [])
     }
-
-    /// The inode number of `inode`'s spool file, nil without one.
-    func spoolInode(_ fs: Filesystem, _ inode: InodeNumber) -> UInt64? {
-        guard let open = fs.state.withLock({ $0.openFiles[inode] }) else { return nil }
-        var st = stat()
-        return stat(open.path, &st) == 0 ? UInt64(st.st_ino) : nil
-    }
-
-    /// A spool file done with is emptied and taken by the next spool (a rename, no inode made
-    /// or freed); a crash then leaves only what the journal still owes, and the next mount
-    /// deletes the files kept for reuse.
-    @Test func aSpoolFileDoneWithIsReusedByTheNext() throws {
-        let spool = NSTemporaryDirectory() + "cssp-upload-journal-reuse-" + UUID().uuidString
-        let store = FakeObjectStore()
-        let fs = WriteBackDeleteTests().makeFilesystem(store, spool: spool)
-        let (a, opened) = try fs.create(parent: root, name: "a", mode: 0o644, caller: caller)
-        try Array("first file".utf8).withUnsafeBytes { try fs.write(handle: opened.handle, offset: 0, bytes: $0) }
-        try fs.flush(handle: opened.handle)
-        let first = try #require(spoolInode(fs, a.inode))
-        fs.release(handle: opened.handle)
-        #expect(fs.drain(timeout: 10) { _ in }.isEmpty)  // stored: its spool is done with
-        #expect(spoolInode(fs, a.inode) == nil)
-        #expect(try FileManager.default.contentsOfDirectory(atPath: fs.spool.directory).filter { $0.hasSuffix(".free") }.count == 1)
-        let (b, second) = try fs.create(parent: root, name: "b", mode: 0o644, caller: caller)
-        try Array("b".utf8).withUnsafeBytes { try fs.write(handle: second.handle, offset: 0, bytes: $0) }
-        #expect(spoolInode(fs, b.inode) == first)
-        try fs.flush(handle: second.handle)
-        fs.release(handle: second.handle)
-        let (_, third) = try fs.create(parent: root, name: "c", mode: 0o644, caller: caller)
-        try fs.flush(handle: third.handle)  // an empty new file: queued, a new spool
-        fs.release(handle: third.handle)
-        fs.spool.unlock()  // the mount dies with b and c queued
-        FileManager.default.createFile(atPath: fs.spool.directory + "/0abc.free", contents: Data("kept for reuse".utf8))
-
-        let next = WriteBackDeleteTests().makeFilesystem(store, spool: spool)
-        defer { next.shutdown(deadline: 5) }
-        next.recoverPendingUploads()
-        #expect(store.keys == ["a", "b", "c"])
-        #expect(store.object("a")?.bytes == Array("first file".utf8))
-        #expect(store.object("b")?.bytes == Array("b".utf8))
-        let left = try FileManager.default.contentsOfDirectory(atPath: spool)
-        #expect(left.filter { $0.hasSuffix(".data") || $0.hasSuffix(".free") } == [], "\(left)")
-    }
 }
