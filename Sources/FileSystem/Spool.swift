@@ -68,11 +68,7 @@ final class Spool: Sendable {
             locks.append(siblingLock)
             adopted.append(sibling)
             let journal = UploadJournal.parse(journalFile(sibling + "/" + UploadJournal.fileName).contents())
-            let (data, notes) = Spool.scan(
-                sibling,
-                journal: journal.compactMap { name, bytes in
-                    PendingUpload(decoding: String(decoding: bytes, as: UTF8.self)).map { (name, $0) }
-                })
+            let (data, notes) = Spool.scan(sibling, journal: UploadJournal.decoded(journal))
             found += data
             attributes += notes
         }

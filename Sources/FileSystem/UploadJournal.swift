@@ -50,9 +50,7 @@ final class UploadJournal: Sendable {
     init(directory: String, file: any JournalFile, exists: (String) -> Bool) {
         self.directory = directory
         let found = Self.parse(file.contents()).filter { exists($0.name) }
-        leftovers = found.compactMap { name, bytes in
-            Spool.PendingUpload(decoding: String(decoding: bytes, as: UTF8.self)).map { (name, $0) }
-        }
+        leftovers = Self.decoded(found)
         var start = Owed()
         for (name, bytes) in found {
             let record = Self.record(name, note: bytes)
@@ -135,6 +133,13 @@ final class UploadJournal: Sendable {
     }
 
     // MARK: Records
+
+    /// The notes `parse` found, decoded (one that does not decode is dropped).
+    static func decoded(_ notes: [(name: String, note: [UInt8])]) -> [(name: String, note: Spool.PendingUpload)] {
+        notes.compactMap { name, bytes in
+            Spool.PendingUpload(decoding: String(decoding: bytes, as: UTF8.self)).map { (name, $0) }
+        }
+    }
 
     /// `U`, the data file's name, the note's length in bytes, the note (which holds NULs).
     static func record(_ name: String, note: [UInt8]) -> [UInt8] {
