@@ -65,6 +65,7 @@ extension ReferenceModelRun {
         }
         pendingFault = nil
         faulty.heal()
+        traceFaultedCalls()
         let checks = deferredChecks ?? []
         deferredChecks = nil
         let settled = armed
@@ -86,7 +87,10 @@ extension ReferenceModelRun {
             let object = tree.objects[path]!
             let injectedBefore = faulty.injected.count
             injectIntoThisThread(call: index, fault)
-            defer { faulty.heal() }
+            defer {
+                faulty.heal()
+                traceFaultedCalls()
+            }
             do {
                 let inode = try kernel.resolve(path)
                 let opened = try kernel.fs.open(inode, writable: false, truncate: false)
@@ -131,13 +135,27 @@ extension ReferenceModelRun {
     func injectIntoThisThread(call index: Int, _ fault: FaultInjectingStore.Fault) {
         let thread = pthread_self()
         let calls = Locked(0)
+        let seen = callsUnderFault
         faulty.inject { call in
             guard pthread_equal(pthread_self(), thread) != 0 else { return .none }
             return calls.withLock { n in
                 defer { n += 1 }
+                seen.withLock { $0.append("\(call)\(n == index ? ": \(fault)" : "")") }
                 return n == index ? fault : .none
             }
         }
+    }
+
+    /// Adds the store calls the faulted thread made to the trace. A seed does not always replay
+    /// the same faults (whether an earlier operation's background HEAD or listing answered first
+    /// decides which calls an operation still makes itself), so a failure's trace says exactly
+    /// which call failed.
+    func traceFaultedCalls() {
+        let calls = callsUnderFault.withLock { calls in
+            defer { calls = [] }
+            return calls
+        }
+        if !calls.isEmpty { trace.append("  store calls: " + calls.joined(separator: ", ")) }
     }
 
     func inRegion(_ path: String, _ root: String) -> Bool { path.isSameKey(as: root) || path.startsWithBytes(root + "/") }

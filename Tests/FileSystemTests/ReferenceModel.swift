@@ -211,6 +211,8 @@ final class ReferenceModelRun {
     var operations = 0
     /// The fault the next operation that changes names or attributes gets (see `operationUnderFault`).
     var pendingFault: (index: Int, fault: FaultInjectingStore.Fault)?
+    /// The store calls the faulted thread made, for the trace (see `traceFaultedCalls`).
+    let callsUnderFault = Locked<[String]>([])
     /// The operation running under a fault, once it chose its paths.
     var armed: ArmedFault?
     /// The armed operation failed with EIO after the fault was injected.

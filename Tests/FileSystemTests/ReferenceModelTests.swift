@@ -6,6 +6,7 @@ import Testing
 /// - `CSSP_MODEL_SEED=N`: replay one seed (printed by a failure).
 /// - `CSSP_MODEL_SEEDS=N` (default 40) seeds of `CSSP_MODEL_OPS=N` (default 500) operations each;
 ///   the seeds are `CSSP_MODEL_FIRST_SEED` (default 1) on. `scripts/test --long` runs more.
+/// - `CSSP_MODEL_TRACE_FILE=P`: write each seed's trace to `P.<seed>` (to compare two runs).
 struct ReferenceModelTests {
     static func setting(_ name: String) -> UInt64? {
         ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) }
@@ -32,6 +33,9 @@ struct ReferenceModelTests {
                 if failures >= 3 { break }
             }
             total += run.operations
+            if let path = ProcessInfo.processInfo.environment["CSSP_MODEL_TRACE_FILE"] {
+                try? (run.trace.joined(separator: "\n") + "\n").write(toFile: "\(path).\(seed)", atomically: true, encoding: .utf8)
+            }
         }
         print("reference model: \(total) operations over \(seeds.count) seeds (\(seeds.first!)...\(seeds.last!)), \(failures) failed")
     }
