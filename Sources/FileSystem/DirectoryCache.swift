@@ -147,7 +147,7 @@ struct DirectoryCache {
     /// A new, empty directory made here: its listing is known.
     mutating func rememberEmpty(_ directory: InodeNumber, now: Double, askedAt: UInt64) {
         forgetChanges(directory)
-        listings[directory] = Listing(entries: EntryTable([]), completedAt: now, askedAt: askedAt)
+        listings[directory] = Listing(entries: EntryTable.empty, completedAt: now, askedAt: askedAt)
     }
 
     /// Counts every change made here and every failed one, in any directory: a listing fetched
@@ -233,48 +233,105 @@ extension DirectoryCache {
 /// A complete listing by name. The entries stay in the array they were read into (shared with
 /// the reader that read them); a table maps names to positions, and our own changes go to an
 /// overlay. (As a dictionary of entries, a 200 000-entry listing took 118 MiB; heaptrack.)
+/// A remembered listing: its entries (packed, see `PackedEntries`) by name, with the changes
+/// made here since.
 struct EntryTable {
-    private let entries: [DirectoryEntry]
-    private let positions: [ExactString: Int32]
+    private let entries: PackedEntries
+    /// Positions in `entries` in the order of the names' bytes, ties by position; nil when the
+    /// listing is in that order already (the usual case: it costs nothing then).
+    private let order: [Int32]?
     /// Names changed here since: their entry, or nil when removed.
     private var changes: [ExactString: DirectoryEntry?] = [:]
 
+    static let empty = EntryTable(PackedEntries(prefix: ""))
+
     /// A later entry of the same name wins (as in the listing).
-    init(_ entries: [DirectoryEntry]) {
+    init(_ entries: PackedEntries) {
         self.entries = entries
-        var positions: [ExactString: Int32] = [:]
-        positions.reserveCapacity(entries.count)
-        for (index, entry) in entries.enumerated() { positions[entry.name.exact] = Int32(index) }
-        self.positions = positions
+        var inOrder = true
+        for position in entries.indices.dropFirst()
+        where Self.compare(entries, position - 1, position) != .ascending {
+            inOrder = false
+            break
+        }
+        order =
+            inOrder
+            ? nil
+            : (0..<Int32(entries.count)).sorted { a, b in
+                switch Self.compare(entries, Int(a), Int(b)) {
+                case .ascending: true
+                case .descending: false
+                case .same: a < b
+                }
+            }
+    }
+
+    private enum Comparison { case ascending, same, descending }
+
+    private static func compare(_ entries: PackedEntries, _ a: Int, _ b: Int) -> Comparison {
+        entries.withName(a) { first in entries.withName(b) { second in compare(first, second) } }
+    }
+
+    private static func compare(_ first: UnsafeBufferPointer<UInt8>, _ second: UnsafeBufferPointer<UInt8>) -> Comparison {
+        let common = min(first.count, second.count)
+        for i in 0..<common where first[i] != second[i] { return first[i] < second[i] ? .ascending : .descending }
+        return first.count == second.count ? .same : first.count < second.count ? .ascending : .descending
+    }
+
+    private func position(at rank: Int) -> Int { order.map { Int($0[rank]) } ?? rank }
+
+    /// The position of the listing's entry for `name` (the last of that name), if any.
+    private func position(of name: ExactString) -> Int? {
+        var text = name.string
+        return text.withUTF8 { wanted -> Int? in
+            // The first rank whose name sorts after `wanted`; the one before it, if equal, wins.
+            var low = 0
+            var high = entries.count
+            while low < high {
+                let middle = (low + high) / 2
+                let comparison = entries.withName(position(at: middle)) { Self.compare($0, wanted) }
+                if comparison == .descending { high = middle } else { low = middle + 1 }
+            }
+            guard low > 0 else { return nil }
+            let found = position(at: low - 1)
+            return entries.withName(found) { Self.compare($0, wanted) } == .same ? found : nil
+        }
     }
 
     subscript(name: ExactString) -> DirectoryEntry? {
         get {
             if let change = changes[name] { return change }
-            return positions[name].map { entries[Int($0)] }
+            return position(of: name).map { entries[$0] }
         }
         set { changes[name] = .some(newValue) }
     }
 
     /// Entries of names the listing itself lacks (made here since, or not listed yet), sorted.
     var addedHere: [DirectoryEntry] {
-        changes.compactMap { name, entry in positions[name] == nil ? entry : nil }
+        changes.compactMap { name, entry in position(of: name) == nil ? entry : nil }
             .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
     }
 
     /// Whether the listing itself has `name` (whatever changed here since).
-    func listed(_ name: ExactString) -> Bool { positions[name] != nil }
+    func listed(_ name: ExactString) -> Bool { position(of: name) != nil }
 
     /// Every entry now (one per name), sorted by the bytes of the names.
-    var sorted: [DirectoryEntry] {
-        var result: [DirectoryEntry] = []
-        result.reserveCapacity(entries.count + changes.count)
-        for (index, entry) in entries.enumerated()
-        where changes[entry.name.exact] == nil && positions[entry.name.exact] == Int32(index) {
-            result.append(entry)
+    var sorted: PackedEntries {
+        var changed = changes.compactMap { $0.value }.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }[...]
+        var result = PackedEntries(prefix: entries.prefix)
+        for rank in 0..<entries.count {
+            let position = position(at: rank)
+            // Of names listed more than once, the last (the next rank holds the same name).
+            if rank + 1 < entries.count, Self.compare(entries, position, self.position(at: rank + 1)) == .same { continue }
+            let entry = entries[position]
+            while let next = changed.first, next.name.utf8.lexicographicallyPrecedes(entry.name.utf8) {
+                result.append(next)
+                changed.removeFirst()
+            }
+            if changes[entry.name.exact] == nil { result.append(entry) }
         }
-        for case let (_, entry?) in changes { result.append(entry) }
-        return result.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+        result.append(contentsOf: changed)
+        return result
     }
 }
 

@@ -13,7 +13,7 @@ final class DirectoryReader: Sendable {
 
     private struct State {
         var builder: DirectoryBuilder
-        var entries: [DirectoryEntry] = []
+        var entries: PackedEntries
         var marker: String? = nil
         var complete = false
         /// Aliases of shadowed files not yet certain (see `entries`).
@@ -57,12 +57,12 @@ final class DirectoryReader: Sendable {
         self.pageSize = pageSize
         self.hidden = hidden
         self.prefix = prefix
-        self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix)))
+        self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix), entries: PackedEntries(prefix: prefix)))
         isRemembered = false
     }
 
     /// A reader of a listing already known (complete, in order).
-    init(prefix: String, remembered entries: [DirectoryEntry], startedAt: UInt64, askedAt: UInt64) {
+    init(prefix: String, remembered entries: PackedEntries, startedAt: UInt64, askedAt: UInt64) {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.store = nil
@@ -78,7 +78,7 @@ final class DirectoryReader: Sendable {
     /// remembered yet (readdir remembers it as it would its own). Names removed here lately that
     /// it still shows (it lags) are skipped, as `removedHere` does for a listing read now.
     init(
-        prefix: String, fetched entries: [DirectoryEntry], removedHere: Set<ExactString>, startedAt: UInt64,
+        prefix: String, fetched entries: PackedEntries, removedHere: Set<ExactString>, startedAt: UInt64,
         askedAt: UInt64
     ) {
         self.startedAt = startedAt
@@ -91,7 +91,8 @@ final class DirectoryReader: Sendable {
         let lagging = removedHere.isEmpty ? [] : Set(entries.lazy.map(\.name.exact).filter(removedHere.contains))
         self.state = Locked(
             State(
-                builder: DirectoryBuilder(prefix: prefix), entries: entries.filter { !lagging.contains($0.name.exact) },
+                builder: DirectoryBuilder(prefix: prefix),
+                entries: lagging.isEmpty ? entries : entries.filter { !lagging.contains($0.name.exact) },
                 complete: true, stillListed: lagging))
         isRemembered = false
     }
@@ -140,7 +141,7 @@ final class DirectoryReader: Sendable {
                     resolved.append(alias)
                 }
                 s.builder = next
-                s.entries += resolved
+                s.entries.append(contentsOf: resolved)
                 s.stillListed.formUnion(lagging)
                 s.marker = page.nextMarker
                 s.complete = page.nextMarker == nil
@@ -161,7 +162,7 @@ final class DirectoryReader: Sendable {
     var sawMarker: Bool { state.withLock { $0.builder.sawMarker } }
 
     /// Every entry, if the whole listing has been read.
-    func completeEntries() -> [DirectoryEntry]? {
+    func completeEntries() -> PackedEntries? {
         state.withLock { $0.complete ? $0.entries : nil }
     }
 

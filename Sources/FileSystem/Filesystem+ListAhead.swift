@@ -32,7 +32,7 @@ extension Filesystem {
     static let listAheadEntryLimit = 10_000
 
     struct AheadListing: Sendable {
-        var entries: [DirectoryEntry]
+        var entries: PackedEntries
         /// The `StoreClock` tick before its first request (the attribute rule).
         var askedAt: UInt64
         /// When it started (the configuration's clock) and the namespace generation then.
@@ -57,7 +57,7 @@ extension Filesystem {
 
     /// Queues the listings of the subdirectories among `entries` (a listing just read from the
     /// server), oldest first, and starts workers up to `listAhead`.
-    func listAhead(subdirectoriesOf entries: [DirectoryEntry]) {
+    func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>) {
         let width = configuration.listAhead
         guard width > 0, configuration.directoryCacheSeconds > 0 else { return }
         let directories = entries.lazy.filter { $0.kind == .directory }

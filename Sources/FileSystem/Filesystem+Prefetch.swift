@@ -81,11 +81,11 @@ extension Filesystem {
     }
 
     /// Queues HEADs for the entries of a listing of `parent` that need one and have no answer yet.
-    func prefetchMetadata(of entries: [DirectoryEntry], in parent: InodeNumber) {
+    func prefetchMetadata(of entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
         let limit = configuration.metadataPrefetchLimit
         guard limit > 0 else { return }
         let now = self.now()
-        let wanted = entries.filter(Self.needsMetadata)
+        let wanted = entries.lazy.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
         let targets: [ExactString: InodeNumber] = state.withLock { s in
             var targets: [ExactString: InodeNumber] = [:]
@@ -104,7 +104,8 @@ extension Filesystem {
             // The limit counts new HEADs only: answers kept from earlier listings are free, so
             // repeated listings of a large directory work through it.
             var queued = 0
-            for entry in wanted where queued < limit {
+            for entry in wanted {
+                if queued >= limit { break }
                 switch p.slots[entry.key.exact] {
                 case .queued?, .running?: continue
                 case .done(_, let etag, let listed, let at)?:

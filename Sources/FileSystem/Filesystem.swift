@@ -425,7 +425,7 @@ public final class Filesystem: Sendable {
     /// Stores the complete listing `entries` of directory `inode` that `reader` read, with this
     /// mount's recent changes applied (DirectoryCache rule 2); returns it as a table.
     @discardableResult
-    func remember(_ reader: DirectoryReader, _ entries: [DirectoryEntry], for inode: InodeNumber) -> EntryTable {
+    func remember(_ reader: DirectoryReader, _ entries: PackedEntries, for inode: InodeNumber) -> EntryTable {
         let listed = EntryTable(entries)
         let table = state.withLock { s in rememberLocked(reader, listed, for: inode, in: &s) }
         prefetchMetadata(of: entries, in: inode)
@@ -586,7 +586,7 @@ public final class Filesystem: Sendable {
     /// The listing of `directory` as it is now: a remembered one younger than dir_timeout (which
     /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
     private func directoryReader(_ directory: Node) -> DirectoryReader {
-        let remembered: ([DirectoryEntry], askedAt: UInt64, count: UInt64)? = state.withLock { s in
+        let remembered: (PackedEntries, askedAt: UInt64, count: UInt64)? = state.withLock { s in
             guard
                 let listing = s.directories.listing(
                     directory.inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
@@ -758,7 +758,7 @@ public final class Filesystem: Sendable {
                 let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
                 // A remembered listing's entries are its table's already.
                 let recorded = table?.addedHere ?? []
-                let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable([])
+                let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable.empty
                 let open = s.inodes.children(of: inode).filter { name, child in
                     s.openFiles[child] != nil && current[name] == nil && !(table?.listed(name) ?? false)
                 }

@@ -2,6 +2,10 @@ import ObjectStore
 
 /// One name the filesystem knows: its identity (inode, parent, name, key, kind) and what the
 /// server, a listing or a local change said about it.
+///
+/// Kept small (issue 21: a node per entry the kernel holds, 200 000 after an `ls -l` of a large
+/// directory): fields most nodes never set live in one box made when one is first set (`Rare`,
+/// copied on write, so that a `Node` stays a value), and an MD5 ETag is 16 bytes.
 struct Node {
     var inode: InodeNumber
     var parent: InodeNumber
@@ -10,21 +14,23 @@ struct Node {
     /// The object key of a file or symlink; the key prefix ("…/" or "") of a directory.
     var key: String
     var size: Int64
-    var etag: String
+    var etag: String {
+        get { packedEtag.string }
+        set { packedEtag = PackedETag(newValue) }
+    }
+    private var packedEtag: PackedETag
     /// The server's time of the last change.
     var lastModified: Timestamp
     var stored = StoredAttributes()
     /// The content type without csspfs's parameters.
     var baseContentType = ""
-    /// `container/prefix` of a DLO manifest.
-    var manifest: String? = nil
     /// When size/etag were last confirmed by the server (the filesystem's clock); 0 = never.
     var confirmedAt: Double = 0
     /// Lookups the kernel holds (see `InodeTable`).
     fileprivate(set) var lookups: UInt64 = 0
     /// What holds the node besides the kernel: its spool (open for writing, or an upload still
     /// owed) and owed attributes, one pin each.
-    fileprivate(set) var pins = 0
+    fileprivate(set) var pins: Int32 = 0
     /// Attribute changes (chmod, chown, utimes) of a closed file not stored yet: they are in
     /// `stored`, journaled, and stored by the next upload, rename or flush (see
     /// `Filesystem+Attributes`). What the server says about this version must not overwrite
@@ -33,34 +39,109 @@ struct Node {
     var attributesOwed = false
     /// Whether a name in the tree leads to the node (false once unlinked or replaced).
     fileprivate(set) var linked = true
-    /// Bumped when this mount stores new bytes or gives the file a spool: a read handle opened
-    /// before reads what was written here since (another client's change is ESTALE instead).
-    var localVersion: UInt64 = 0
-    /// ctime and atime as this mount changed them (nil: the modification time stands in; an
-    /// object store keeps neither).
-    var changedAt: Timestamp? = nil
-    var accessedAt: Timestamp? = nil
-    /// The ETag of the content the kernel's page cache may hold for this inode.
-    var cachedEtag: String? = nil
-    var symlinkTarget: String? = nil
-    /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
-    var extraMetadata: [String: String] = [:]
     /// When the object's full metadata was last known (a HEAD, or our own upload); 0 = never
     /// (a listing shows no metadata).
     var metadataKnownAt: Double = 0
-    /// Bumped by every local attribute change (chmod, chown, utimes, a write's mtime): names the
-    /// change that an upload, a POST or a COPY stores (`settleAttributes`, `acknowledge`).
-    var attributeVersion: UInt64 = 0
-    /// The attribute rule's state (`Node+Merge`); only `acknowledge`, `admits` and `forgetWhatWasSaid` write it.
-    /// The latest `attributeVersion` the store acknowledged (or that was given up): while it
-    /// is behind, a local change is not stored yet and no answer of the same version may undo it.
-    var acknowledgedVersion: UInt64 = 0
     /// The `StoreClock` tick as of which the node is described: the latest acknowledgement of a
     /// change of ours, or the `askedAt` of the latest answer taken. Older answers are refused.
+    /// (The attribute rule's state, with the three below; see `Node+Merge`.)
     var describedAsOf: UInt64 = 0
+    private var rare: Rare?
+
+    /// The fields few nodes set. Shared between copies of a node until one writes.
+    private final class Rare {
+        var manifest: String? = nil
+        var localVersion: UInt64 = 0
+        var changedAt: Timestamp? = nil
+        var accessedAt: Timestamp? = nil
+        var cachedEtag: String? = nil
+        var symlinkTarget: String? = nil
+        var extraMetadata: [String: String] = [:]
+        var attributeVersion: UInt64 = 0
+        var acknowledgedVersion: UInt64 = 0
+        var acknowledgedTime = Timestamp.zero
+
+        func copy() -> Rare {
+            let copy = Rare()
+            copy.manifest = manifest
+            copy.localVersion = localVersion
+            copy.changedAt = changedAt
+            copy.accessedAt = accessedAt
+            copy.cachedEtag = cachedEtag
+            copy.symlinkTarget = symlinkTarget
+            copy.extraMetadata = extraMetadata
+            copy.attributeVersion = attributeVersion
+            copy.acknowledgedVersion = acknowledgedVersion
+            copy.acknowledgedTime = acknowledgedTime
+            return copy
+        }
+    }
+
+    /// Writes `value` to a rare field; no box is made to hold a field's default.
+    private mutating func setRare<T: Equatable>(_ field: ReferenceWritableKeyPath<Rare, T>, _ value: T, default: T) {
+        if rare == nil {
+            if value == `default` { return }
+            rare = Rare()
+        } else if !isKnownUniquelyReferenced(&rare) {
+            rare = rare!.copy()
+        }
+        rare![keyPath: field] = value
+    }
+
+    /// `container/prefix` of a DLO manifest.
+    var manifest: String? {
+        get { rare?.manifest }
+        set { setRare(\.manifest, newValue, default: nil) }
+    }
+    /// Bumped when this mount stores new bytes or gives the file a spool: a read handle opened
+    /// before reads what was written here since (another client's change is ESTALE instead).
+    var localVersion: UInt64 {
+        get { rare?.localVersion ?? 0 }
+        set { setRare(\.localVersion, newValue, default: 0) }
+    }
+    /// ctime and atime as this mount changed them (nil: the modification time stands in; an
+    /// object store keeps neither).
+    var changedAt: Timestamp? {
+        get { rare?.changedAt }
+        set { setRare(\.changedAt, newValue, default: nil) }
+    }
+    var accessedAt: Timestamp? {
+        get { rare?.accessedAt }
+        set { setRare(\.accessedAt, newValue, default: nil) }
+    }
+    /// The ETag of the content the kernel's page cache may hold for this inode.
+    var cachedEtag: String? {
+        get { rare?.cachedEtag }
+        set { setRare(\.cachedEtag, newValue, default: nil) }
+    }
+    var symlinkTarget: String? {
+        get { rare?.symlinkTarget }
+        set { setRare(\.symlinkTarget, newValue, default: nil) }
+    }
+    /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
+    var extraMetadata: [String: String] {
+        get { rare?.extraMetadata ?? [:] }
+        set { setRare(\.extraMetadata, newValue, default: [:]) }
+    }
+    /// Bumped by every local attribute change (chmod, chown, utimes, a write's mtime): names the
+    /// change that an upload, a POST or a COPY stores (`settleAttributes`, `acknowledge`).
+    var attributeVersion: UInt64 {
+        get { rare?.attributeVersion ?? 0 }
+        set { setRare(\.attributeVersion, newValue, default: 0) }
+    }
+    /// The latest `attributeVersion` the store acknowledged (or that was given up): while it
+    /// is behind, a local change is not stored yet and no answer of the same version may undo it.
+    /// Only `acknowledge`, `admits` and `forgetWhatWasSaid` write it.
+    var acknowledgedVersion: UInt64 {
+        get { rare?.acknowledgedVersion ?? 0 }
+        set { setRare(\.acknowledgedVersion, newValue, default: 0) }
+    }
     /// This host's clock when the store last acknowledged a change of ours: an answer asked
     /// earlier shows a newer version only if the server dated it later.
-    var acknowledgedTime = Timestamp.zero
+    var acknowledgedTime: Timestamp {
+        get { rare?.acknowledgedTime ?? .zero }
+        set { setRare(\.acknowledgedTime, newValue, default: .zero) }
+    }
 
     init(
         inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind, key: String, size: Int64 = 0,
@@ -72,8 +153,30 @@ struct Node {
         self.kind = kind
         self.key = key
         self.size = size
-        self.etag = etag
+        self.packedEtag = PackedETag(etag)
         self.lastModified = lastModified
+    }
+}
+
+/// An ETag: 32 lower-case hex digits (an MD5, as Swift makes for every plain object) as two
+/// words, anything else as it is.
+enum PackedETag: Equatable {
+    case md5(UInt64, UInt64)
+    case other(String)
+
+    init(_ etag: String) {
+        if let (high, low) = PackedEntries.digest(etag) {
+            self = .md5(high, low)
+        } else {
+            self = .other(etag)
+        }
+    }
+
+    var string: String {
+        switch self {
+        case .md5(let high, let low): PackedEntries.hex(high, low)
+        case .other(let text): text
+        }
     }
 }
 

@@ -43,8 +43,12 @@ public struct StoredAttributes: Sendable, Equatable {
             let name = trimmed[trimmed.index(trimmed.startIndex, offsetBy: parameterPrefix.count)..<equals]
             attributes.set(String(name), String(trimmed[trimmed.index(after: equals)...]))
         }
-        return (kept.joined(separator: ";"), attributes)
+        let base = kept.joined(separator: ";")
+        // The usual base is the literal's storage, not a copy per node (issue 21).
+        return (base.utf8.elementsEqual(octetStream.utf8) ? octetStream : base, attributes)
     }
+
+    static let octetStream = "application/octet-stream"
 
     /// Attributes from `X-Object-Meta-*` (names lower-cased without the prefix).
     public static func parse(metadata: [String: String]) -> StoredAttributes {

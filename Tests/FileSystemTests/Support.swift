@@ -99,3 +99,8 @@ func recordingCalls(of operation: FaultInjectingStore.Call.Operation, in wrapped
     }
     return (store, keys)
 }
+
+extension EntryTable {
+    /// A table of these entries (keys of any prefix: they are kept whole where they differ).
+    init(_ entries: [DirectoryEntry]) { self.init(PackedEntries(prefix: "", entries)) }
+}

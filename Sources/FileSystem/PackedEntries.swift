@@ -1,0 +1,249 @@
+import ObjectStore
+
+/// Directory entries of one directory, stored in a few flat arrays instead of one
+/// `DirectoryEntry` each (issue 21: a `DirectoryEntry` with its four strings took about 350
+/// bytes; a packed one about 60). What makes an entry small:
+/// 1. The names are the bytes of one array; the key is not stored when it is the directory's
+///    prefix and the name (a file) or the name and "/" (a directory), as almost every key is.
+/// 2. An ETag of 32 lower-case hex digits (an MD5) is 16 bytes.
+/// 3. A content type is split as `StoredAttributes.parse` splits it: the base is one of a few
+///    (a table per collection), csspfs's attribute parameters are numbers. Only when the
+///    content type made back from them is byte for byte the one listed; else it is kept whole.
+/// 4. Times are nanoseconds since the epoch in an Int64 (years 1678 to 2262; others kept whole).
+/// Whatever does not pack (another key, ETag, content type or time) is kept as it came, in a
+/// table of exceptions: an entry reads back exactly as it was appended.
+struct PackedEntries: Sendable, RandomAccessCollection {
+    /// The key prefix of the directory the entries are in ("" or ending in "/").
+    let prefix: String
+
+    private var names: [UInt8] = []
+    /// Where each name ends in `names`.
+    private var ends: [UInt32] = []
+    /// The kind (low 3 bits) and the `Flag`s.
+    private var flags: [UInt8] = []
+    private var sizes: [Int64] = []
+    private var modified: [Int64] = []
+    /// Two words an MD5.
+    private var digests: [UInt64] = []
+    private var types: [UInt16] = []
+    /// `cssp-` parameters: mode (with `Flag.hasMode`), uid, gid (their flags), mtime in ns.
+    private var modes: [UInt16] = []
+    private var owners: [UInt64] = []
+    private var mtimes: [Int64] = []
+    private var baseTypes: [String] = []
+    private var typeNumbers: [ExactString: UInt16] = [:]
+    /// Entries with something that did not pack, by position.
+    private var exceptions: [Int32: Exception] = [:]
+
+    private struct Exception: Sendable {
+        var key: String?
+        var etag: String?
+        var contentType: String?
+        var lastModified: Timestamp?
+    }
+
+    private enum Flag {
+        static let kind: UInt8 = 0x07
+        static let exception: UInt8 = 0x08
+        static let noEtag: UInt8 = 0x10
+        static let hasMode: UInt8 = 0x20
+        static let hasUid: UInt8 = 0x40
+        static let hasGid: UInt8 = 0x80
+    }
+
+    /// Other content types' parameters: mtime present (a high bit of the owner word is free).
+    private static let hasMtime: UInt64 = 1 << 63
+
+    init(prefix: String) { self.prefix = prefix }
+
+    init(prefix: String, _ entries: some Sequence<DirectoryEntry>) {
+        self.prefix = prefix
+        append(contentsOf: entries)
+    }
+
+    var startIndex: Int { 0 }
+    var endIndex: Int { ends.count }
+
+    /// Bytes held (the arrays' contents, not their spare capacity), for tests and --stats.
+    var bytes: Int {
+        names.count + ends.count * 4 + flags.count + sizes.count * 8 + modified.count * 8 + digests.count * 8
+            + types.count * 2 + modes.count * 2 + owners.count * 8 + mtimes.count * 8 + exceptions.count * 64
+    }
+
+    subscript(position: Int) -> DirectoryEntry {
+        let start = position == 0 ? 0 : Int(ends[position - 1])
+        let name = names.withUnsafeBufferPointer { String(decoding: $0[start..<Int(ends[position])], as: UTF8.self) }
+        let flag = flags[position]
+        let kind = Self.kinds[Int(flag & Flag.kind)]
+        let exception = flag & Flag.exception != 0 ? exceptions[Int32(position)] : nil
+        let key = exception?.key ?? (kind == .directory ? prefix + name + "/" : prefix + name)
+        let etag =
+            exception?.etag ?? (flag & Flag.noEtag != 0 ? "" : Self.hex(digests[2 * position], digests[2 * position + 1]))
+        let lastModified = exception?.lastModified ?? Self.timestamp(modified[position])
+        var contentType = exception?.contentType
+        if contentType == nil {
+            let base = baseTypes[Int(types[position])]
+            if flag & (Flag.hasMode | Flag.hasUid | Flag.hasGid) == 0 && owners[position] & Self.hasMtime == 0 {
+                contentType = base
+            } else {
+                contentType = attributes(position, flag).contentType(base: base)
+            }
+        }
+        return DirectoryEntry(
+            name: name, kind: kind, key: key, size: sizes[position], etag: etag, lastModified: lastModified,
+            contentType: contentType!)
+    }
+
+    mutating func append(contentsOf entries: some Sequence<DirectoryEntry>) {
+        for entry in entries { append(entry) }
+    }
+
+    mutating func append(_ entry: DirectoryEntry) {
+        let position = Int32(ends.count)
+        var exception = Exception()
+        names.append(contentsOf: entry.name.utf8)
+        ends.append(UInt32(names.count))
+        var flag = Self.code(entry.kind)
+        let standardKey = entry.kind == .directory ? prefix + entry.name + "/" : prefix + entry.name
+        if !entry.key.utf8.elementsEqual(standardKey.utf8) { exception.key = entry.key }
+        if entry.etag.isEmpty {
+            flag |= Flag.noEtag
+            digests.append(0)
+            digests.append(0)
+        } else if let (high, low) = Self.digest(entry.etag) {
+            digests.append(high)
+            digests.append(low)
+        } else {
+            exception.etag = entry.etag
+            digests.append(0)
+            digests.append(0)
+        }
+        sizes.append(entry.size)
+        if let nanoseconds = Self.nanoseconds(entry.lastModified) {
+            modified.append(nanoseconds)
+        } else {
+            exception.lastModified = entry.lastModified
+            modified.append(0)
+        }
+        // The content type as base and parameters, if it reads back the same.
+        let (base, attributes) = StoredAttributes.parse(contentType: entry.contentType)
+        let plain = attributes == StoredAttributes()
+        let mtime = attributes.mtime.flatMap(Self.nanoseconds)
+        let rebuilt = plain ? base : attributes.contentType(base: base)
+        if rebuilt.utf8.elementsEqual(entry.contentType.utf8) && (attributes.mtime == nil || mtime != nil),
+            let number = typeNumber(base)
+        {
+            types.append(number)
+            if let mode = attributes.mode { flag |= Flag.hasMode; modes.append(mode) } else { modes.append(0) }
+            var owner: UInt64 = 0
+            if let uid = attributes.uid { flag |= Flag.hasUid; owner |= UInt64(uid) }
+            if let gid = attributes.gid { flag |= Flag.hasGid; owner |= UInt64(gid) << 32 & ~Self.hasMtime }
+            // A gid with the top bit set does not fit beside the mtime flag: kept whole.
+            if let gid = attributes.gid, gid & 0x8000_0000 != 0 { exception.contentType = entry.contentType }
+            if let mtime { owner |= Self.hasMtime; mtimes.append(mtime) } else { mtimes.append(0) }
+            owners.append(owner)
+        } else {
+            exception.contentType = entry.contentType
+            types.append(0)
+            modes.append(0)
+            owners.append(0)
+            mtimes.append(0)
+        }
+        if exception.key != nil || exception.etag != nil || exception.contentType != nil || exception.lastModified != nil {
+            flag |= Flag.exception
+            exceptions[position] = exception
+        }
+        flags.append(flag)
+    }
+
+    /// The entries for which `keep` is true, in order.
+    func filter(_ keep: (DirectoryEntry) -> Bool) -> PackedEntries {
+        var result = PackedEntries(prefix: prefix)
+        for entry in self where keep(entry) { result.append(entry) }
+        return result
+    }
+
+    /// The name at `position` as bytes, without making a `DirectoryEntry`.
+    func withName<T>(_ position: Int, _ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
+        let start = position == 0 ? 0 : Int(ends[position - 1])
+        return names.withUnsafeBufferPointer { body(UnsafeBufferPointer(rebasing: $0[start..<Int(ends[position])])) }
+    }
+
+    private func attributes(_ position: Int, _ flag: UInt8) -> StoredAttributes {
+        let owner = owners[position]
+        return StoredAttributes(
+            mode: flag & Flag.hasMode != 0 ? modes[position] : nil,
+            uid: flag & Flag.hasUid != 0 ? UInt32(truncatingIfNeeded: owner) : nil,
+            gid: flag & Flag.hasGid != 0 ? UInt32(truncatingIfNeeded: (owner & ~Self.hasMtime) >> 32) : nil,
+            mtime: owner & Self.hasMtime != 0 ? Self.timestamp(mtimes[position]) : nil)
+    }
+
+    /// The number of a base content type (nil: more distinct ones than numbers).
+    private mutating func typeNumber(_ base: String) -> UInt16? {
+        if let number = typeNumbers[base.exact] { return number }
+        guard baseTypes.count <= Int(UInt16.max) else { return nil }
+        let number = UInt16(baseTypes.count)
+        baseTypes.append(base)
+        typeNumbers[base.exact] = number
+        return number
+    }
+
+    private static let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket, .file, .file, .file]
+
+    private static func code(_ kind: NodeKind) -> UInt8 {
+        switch kind {
+        case .file: 0
+        case .directory: 1
+        case .symlink: 2
+        case .fifo: 3
+        case .socket: 4
+        }
+    }
+
+    private static func nanoseconds(_ time: Timestamp) -> Int64? {
+        let (product, overflow) = time.seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow, time.nanoseconds >= 0, time.nanoseconds < 1_000_000_000 else { return nil }
+        let (sum, overflowed) = product.addingReportingOverflow(Int64(time.nanoseconds))
+        return overflowed ? nil : sum
+    }
+
+    private static func timestamp(_ nanoseconds: Int64) -> Timestamp {
+        let (seconds, rest) = nanoseconds.quotientAndRemainder(dividingBy: 1_000_000_000)
+        return rest < 0
+            ? Timestamp(seconds: seconds - 1, nanoseconds: Int32(rest + 1_000_000_000))
+            : Timestamp(seconds: seconds, nanoseconds: Int32(rest))
+    }
+
+    /// An ETag of exactly 32 lower-case hex digits, as two words.
+    static func digest(_ etag: String) -> (UInt64, UInt64)? {
+        var words: (UInt64, UInt64) = (0, 0)
+        var count = 0
+        for byte in etag.utf8 {
+            let value: UInt8
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = byte - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): value = byte - UInt8(ascii: "a") + 10
+            default: return nil
+            }
+            guard count < 32 else { return nil }
+            if count < 16 {
+                words.0 = words.0 << 4 | UInt64(value)
+            } else {
+                words.1 = words.1 << 4 | UInt64(value)
+            }
+            count += 1
+        }
+        return count == 32 ? words : nil
+    }
+
+    static func hex(_ high: UInt64, _ low: UInt64) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        return String(unsafeUninitializedCapacity: 32) { buffer in
+            for i in 0..<16 {
+                buffer[i] = digits[Int(high >> (60 - 4 * UInt64(i)) & 0xF)]
+                buffer[16 + i] = digits[Int(low >> (60 - 4 * UInt64(i)) & 0xF)]
+            }
+            return 32
+        }
+    }
+}
