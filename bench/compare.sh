@@ -21,9 +21,17 @@
 #   find     find of the rsync tree (1000 files), fresh mount, s
 #   findtree find and du -s of a tree of 100 directories of 10 files each (seeded through the API,
 #            kept between runs), fresh mount each, s
+#   walk     find, du -s and rsync -a --dry-run (the re-run that finds nothing to do: it stats every
+#            file) of seed/huge-tree/, 100 000 objects in 1 000 directories, fresh mount each, s
+#   lshuge   ls (names only) and ls -l of seed/huge-flat/, 200 000 objects in one directory, fresh
+#            mount each, s; and the HEAD requests csspfs sent during the ls without -l
+#            (walk and lshuge: seeded by bench/seed-huge.sh, kept between runs; a walk that
+#            takes longer than WALK_LIMIT, 600 s, is stopped and shown as "> 600 s")
 # and, for every mount the workloads make, the time from the mount command to the first `ls`
 # (median) and the daemon's peak RSS (VmHWM before unmount, maximum). The ceiling also reads the
-# object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling).
+# object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling); for walk and
+# lshuge it is the raw paged listing of the prefix (10 000 names a page; no delimiter for the
+# tree, "/" for the flat directory), shown in each of their rows.
 #
 # LATENCY_MS=20 adds that much to every request of every client (csspfs, the ceiling, rclone
 # and s3fs, listings included) before the server answers (the test server's fault file,
@@ -35,7 +43,8 @@
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb rclone-default rclone-tuned
 # s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback); WORKLOADS (read fio write create
-# creates4 ls rsync rsync1 rmrf find findtree); FIO_SECONDS (20); WAIT_TIMEOUT
+# creates4 ls rsync rsync1 rmrf find findtree; walk and lshuge only when named); FIO_SECONDS
+# (20); WALK_LIMIT (600); WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
 # COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
 # left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
@@ -72,6 +81,7 @@ ALL_TOOLS="ceiling csspfs csspfs-wb rclone-default rclone-tuned s3fs-default s3f
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
 WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1 rmrf find findtree}
 FIO_SECONDS=${FIO_SECONDS:-20}
+WALK_LIMIT=${WALK_LIMIT:-600}
 export LATENCY_MS=${LATENCY_MS:-0}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
 CONTAINER=compare
@@ -86,8 +96,8 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree " == *" $w "* ]] ||
-        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree)"
+    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge " == *" $w "* ]] ||
+        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -429,6 +439,10 @@ listings_since() {
     tail -c +$(($1 + 1)) "$CSSP_SERVER_LOG_DIR/proxy.log" |
         awk -v agent="$2" -v c="$CONTAINER" '$2 != "-" && index($10, agent) == 1 && $5 == "GET" && $6 ~ ("/" c "(%3F|$)")' | wc -l
 }
+# The HEAD requests among those.
+heads_since() {
+    tail -c +$(($1 + 1)) "$CSSP_SERVER_LOG_DIR/proxy.log" | awk -v agent="$2" '$2 != "-" && index($10, agent) == 1 && $5 == "HEAD"' | wc -l
+}
 # The User-Agent prefix of the tool under test.
 user_agent() {
     case $TOOL_NAME in csspfs*) echo csspfs/ ;; rclone*) echo rclone/ ;; s3fs*) echo s3fs/ ;; esac
@@ -511,6 +525,61 @@ workload_findtree() {
     unmount_it
 }
 
+# timed_walk METRIC CMD...: runs CMD (a walk through the mount) under WALK_LIMIT, its output in
+# $WORK/walk.out, and records its seconds as METRIC; a walk the limit stopped is recorded as
+# METRIC_over (shown as "> WALK_LIMIT s") and returns 1.
+timed_walk() {
+    local metric=$1 t status=0
+    shift
+    t=$(now)
+    timeout "$WALK_LIMIT" "$@" >"$WORK/walk.out" 2>>"$OUT/logs/walk-$TOOL_NAME.log" || status=$?
+    if ((status == 124)); then
+        note "$TOOL_NAME: $metric stopped after $WALK_LIMIT s"
+        record "${metric}_over" "$WALK_LIMIT"
+        return 1
+    fi
+    ((status == 0)) || die "$TOOL_NAME: $metric: $* exited with $status; see $OUT/logs/walk-$TOOL_NAME.log"
+    record "$metric" "$(since "$t")"
+}
+
+workload_walk() {
+    local tree=$MNT/seed/huge-tree n sent
+    mount_fresh
+    if timed_walk walk_find find "$tree"; then
+        n=$(wc -l <"$WORK/walk.out")
+        ((n == 101001)) || die "$TOOL_NAME: find of seed/huge-tree printed $n names, expected 101001"
+    fi
+    unmount_it
+    mount_fresh
+    timed_walk walk_du du -s "$tree" || true
+    unmount_it
+    mount_fresh
+    if timed_walk walk_rsync rsync -an --stats "$SRC_HUGE/" "$tree/"; then
+        sent=$(awk -F': ' '/^Number of regular files transferred/ { print $2 }' "$WORK/walk.out")
+        [[ $sent == 0 ]] || note "WARNING: $TOOL_NAME: the rsync dry run of seed/huge-tree would send ${sent:-?} files"
+    fi
+    unmount_it
+}
+
+workload_lshuge() {
+    local dir=$MNT/seed/huge-flat agent offset n
+    agent=$(user_agent)
+    mount_fresh
+    offset=$(access_log_size)
+    if timed_walk lshuge_names ls "$dir"; then
+        n=$(wc -l <"$WORK/walk.out")
+        ((n == 200000)) || die "$TOOL_NAME: ls of seed/huge-flat printed $n names, expected 200000"
+        record lshuge_heads "$(heads_since "$offset" "$agent")"
+    fi
+    unmount_it
+    mount_fresh
+    if timed_walk lshuge ls -l "$dir"; then
+        n=$(wc -l <"$WORK/walk.out")
+        ((n == 200001)) || die "$TOOL_NAME: ls -l of seed/huge-flat printed $n lines, expected 200001"
+    fi
+    unmount_it
+}
+
 # Waits until the server lists nothing below prefix $1 (directory markers included).
 wait_gone() {
     local deadline=$((SECONDS + WAIT_TIMEOUT)) n
@@ -578,6 +647,20 @@ ceiling_run() {
         record create "$(per_second 1000 "$(since "$t")")"
         remove_writes
     fi
+    if wants walk; then
+        t=$(now)
+        n=$("$TOOL" "$URL" ls seed/huge-tree/ | wc -l)
+        s=$(since "$t")
+        ((n == 100000)) || die "ceiling: listed $n objects below seed/huge-tree/"
+        for metric in walk_find walk_du walk_rsync; do record "$metric" "$s"; done
+    fi
+    if wants lshuge; then
+        t=$(now)
+        n=$("$TOOL" "$URL" ls seed/huge-flat/ / | wc -l)
+        s=$(since "$t")
+        ((n == 200000)) || die "ceiling: listed $n objects below seed/huge-flat/"
+        for metric in lshuge_names lshuge; do record "$metric" "$s"; done
+    fi
     if wants ls; then
         for metric in ls_cold ls_warm; do
             t=$(now)
@@ -602,6 +685,24 @@ if wants ls && [[ $("$TOOL" "$URL" ls seed/many/ | wc -l) != "$MANY" ]]; then
     note "seeding $MANY objects below seed/many/ (a few minutes; kept for later runs)"
     "$TOOL" "$URL" rm-prefix seed/many/ >/dev/null
     "$TOOL" "$URL" put-many seed/many/obj- "$MANY" 1 16 >/dev/null
+fi
+wants walk && "$REPO/bench/seed-huge.sh" "$URL" tree
+wants lshuge && "$REPO/bench/seed-huge.sh" "$URL" flat
+SRC_HUGE=$WORK/huge
+if wants walk; then # what seed-huge.sh stores below seed/huge-tree/, for rsync to compare with
+    /usr/bin/python3 - "$SRC_HUGE" <<'PY'
+import os, sys
+root = sys.argv[1]
+for d in range(1000):
+    directory = os.path.join(root, "d%03d" % d)
+    os.makedirs(directory)
+    for f in range(100):
+        path = os.path.join(directory, "f%08d" % f)
+        with open(path, "wb") as out:
+            out.write(b"x")
+        os.chmod(path, 0o644)
+        os.utime(path, (1700000000, 1700000000))
+PY
 fi
 SRC_1G=$WORK/src-1g
 if wants write; then
@@ -684,6 +785,12 @@ ROWS = [
     ("find", "find of 1000 files, fresh mount, s", False),
     ("findtree", "find of 100 dirs x 10 files, fresh mount, s", False),
     ("dutree", "du -s of the same, fresh mount, s", False),
+    ("walk_find", "find of 100 000 in 1 000 dirs, fresh mount, s", False),
+    ("walk_du", "du -s of the same, fresh mount, s", False),
+    ("walk_rsync", "rsync -an of the same (stats all), s", False),
+    ("lshuge_names", "ls of 200 000 in one dir, fresh mount, s", False),
+    ("lshuge_heads", "  HEAD requests during it", False),
+    ("lshuge", "ls -l of the same, fresh mount, s", False),
     ("mount", "mount command to first ls, s", False),
     ("rss", "peak RSS of the daemon (VmHWM), MiB", False),
 ]
@@ -699,6 +806,12 @@ def summary(tool, metric):
     if not v:
         return None
     return max(v) if metric == "rss" else statistics.median_low(sorted(v))
+
+LIMIT = float(os.environ.get("WALK_LIMIT", "600"))
+
+def over(tool, metric):
+    # A walk stopped at the time limit in any run: its time is "more than the limit".
+    return bool(values.get((tool, metric + "_over")))
 
 def fmt(x):
     if x is None:
@@ -721,19 +834,23 @@ print("%-*s" % (width, "workload (median of %s; RSS: max)" % runs)
       + ("".join("%15s" % (m + "/best") for m in MINE) if show_ratio else ""))
 for metric, label, higher in ROWS:
     cells = [summary(t, metric) for t in tools]
-    if all(c is None for c in cells):
+    if all(c is None and not over(t, metric) for t, c in zip(tools, cells)):
         continue
-    line = "%-*s" % (width, label) + "".join("%15s" % fmt(c) for c in cells)
+    line = "%-*s" % (width, label) + "".join(
+        "%15s" % ("> %.0f" % LIMIT if over(t, metric) else fmt(c)) for t, c in zip(tools, cells))
     if show_ratio:
-        peers = [summary(t, metric) for t in PEERS]
+        # A peer stopped at the limit counts as the limit: the ratio is then an upper bound.
+        stopped = [t for t in PEERS if over(t, metric)]
+        peers = [LIMIT if t in stopped else summary(t, metric) for t in PEERS]
         peers = [p for p in peers if p is not None]
         for m in MINE:
             mine = summary(m, metric)
-            if mine is None or not peers:
+            if mine is None or over(m, metric) or not peers:
                 line += "%15s" % "-"
             else:
                 best = max(peers) if higher else min(peers)
-                line += "%15s" % ("%.3g" % (mine / best) if best else "-")
+                bound = "<" if stopped and best == LIMIT else ""
+                line += "%15s" % (bound + "%.3g" % (mine / best) if best else "-")
     print(line)
 if show_ratio:
     print("csspfs/best: csspfs (csspfs-wb: with -o writeback) divided by the best peer; above 1 is better for MB/s, IOPS and files/s,"

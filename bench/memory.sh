@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Issue 10, item 7 numbers (a benchmark, not a test): the mount daemon's peak RSS (VmHWM) and the
-# time of
+# Issue 10, item 7 and issue 21 numbers (a benchmark, not a test): the mount daemon's peak RSS
+# (VmHWM) and the time of
 #   cat64   64 parallel `cat` of 64 objects of 64 MiB (4 GiB), fresh mount, page cache dropped
-#   ls      `ls -l` of one directory of MANY objects (default 200 000), fresh mount
-# with default options, against the local server in its own directory and port (the test,
-# demo and compare servers are left alone). Seeds persist in container "memory" and are checked.
+#   ls      `ls -l` of one directory of 200 000 objects (seed/huge-flat/), fresh mount
+#   tree    `ls -lR` of 100 000 objects in 1 000 directories (seed/huge-tree/), fresh mount
+# with default options; for ls and tree also the daemon's memory per entry: its RSS after the
+# walk less its RSS after mounting, divided by the entries shown. Runs on the compare server
+# (.work/compare-server, port 8470, container "compare"; not at the same time as compare.sh),
+# whose big trees bench/seed-huge.sh seeds and keeps; cat64's objects are seeded below
+# seed/mem-big/ and kept too.
 #
 #   bench/memory.sh
-#   WORKLOADS=ls MANY=50000 bench/memory.sh
+#   WORKLOADS=ls bench/memory.sh
 #   EXTRA_OPTIONS=memory_mb=256 bench/memory.sh      (any -o options added to the mount)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export CSSP_SERVER_DIR=${MEMORY_SERVER_DIR:-$REPO/.work/memory-server}
-export CSSP_SERVER_PORT=${MEMORY_SERVER_PORT:-8460}
-WORKLOADS=${WORKLOADS:-cat64 ls}
-MANY=${MANY:-200000}
+export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
+export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
+WORKLOADS=${WORKLOADS:-cat64 ls tree}
 BIG=64
 BIG_SIZE=$((64 << 20))
 
@@ -33,8 +36,9 @@ set -a
 . "$CSSP_SERVER_DIR/env"
 set +a
 TOOL="$REPO/.build/release/cssp-tool"
-MOUNT="$REPO/.build/release/mount.cssp"
-URL=$("$REPO/scripts/cssp-server" create-container memory)
+# BENCH_MOUNT=PATH measures another mount.cssp (an older build).
+MOUNT=${BENCH_MOUNT:-$REPO/.build/release/mount.cssp}
+URL=$("$REPO/scripts/cssp-server" create-container compare)
 
 WORK=$(mktemp -d /tmp/cssp-memory-XXXX)
 MNT=$WORK/mnt
@@ -48,15 +52,12 @@ cleanup() {
 trap cleanup EXIT
 
 count() { "$TOOL" "$URL" ls "$1" | wc -l; }
-if [[ " $WORKLOADS " == *" cat64 "* ]] && (($(count big/) != BIG)); then
-    note "seeding $BIG objects of 64 MiB below big/ (kept for later runs)"
-    "$TOOL" "$URL" put-many big/f "$BIG" "$BIG_SIZE" 8 >/dev/null
+if [[ " $WORKLOADS " == *" cat64 "* ]] && (($(count seed/mem-big/) != BIG)); then
+    note "seeding $BIG objects of 64 MiB below seed/mem-big/ (kept for later runs)"
+    "$TOOL" "$URL" put-many seed/mem-big/f "$BIG" "$BIG_SIZE" 8 >/dev/null
 fi
-if [[ " $WORKLOADS " == *" ls "* ]] && (($(count many/) != MANY)); then
-    note "seeding $MANY objects below many/ (minutes; kept for later runs)"
-    "$TOOL" "$URL" rm-prefix many/ >/dev/null
-    "$TOOL" "$URL" put-many many/f "$MANY" 1 32 >/dev/null
-fi
+[[ " $WORKLOADS " == *" ls "* ]] && "$REPO/bench/seed-huge.sh" "$URL" flat
+[[ " $WORKLOADS " == *" tree "* ]] && "$REPO/bench/seed-huge.sh" "$URL" tree
 
 # Mounts in the foreground (its PID is the daemon's), with a fresh cache directory.
 mount_fresh() {
@@ -67,11 +68,18 @@ mount_fresh() {
         2>"$WORK/daemon.log" &
     DAEMON=$!
     for _ in $(seq 200); do
-        grep -q " $MNT fuse.cssp " /proc/mounts && return
+        if grep -q " $MNT fuse.cssp " /proc/mounts; then
+            ls "$MNT" >/dev/null
+            BASE_KB=$(rss_kb)
+            return
+        fi
         sleep 0.05
     done
     die "the mount did not appear: $(cat "$WORK/daemon.log")"
 }
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$DAEMON/status"; }
+# The daemon's memory per entry now: RSS less the RSS after mounting, over $1 entries, bytes.
+per_entry() { awk -v now="$(rss_kb)" -v base="$BASE_KB" -v n="$1" 'BEGIN {printf "%.0f", (now - base) * 1024 / n}'; }
 # Peak RSS in MiB, then unmount.
 finish() {
     local kb
@@ -84,24 +92,34 @@ finish() {
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN {printf "%.2f", b - a}'; }
 
-printf '%-52s %10s %14s\n' "workload (default options${EXTRA_OPTIONS:+, $EXTRA_OPTIONS})" "seconds" "peak RSS, MiB"
+printf '%-52s %10s %14s %16s\n' "workload (default options${EXTRA_OPTIONS:+, $EXTRA_OPTIONS})" "seconds" "peak RSS, MiB" "bytes per entry"
 if [[ " $WORKLOADS " == *" cat64 "* ]]; then
     mount_fresh
     start=$(now)
     readers=()
     for i in $(seq 0 $((BIG - 1))); do
-        cat "$MNT/big/f$(printf %08d "$i")" >/dev/null &
+        cat "$MNT/seed/mem-big/f$(printf %08d "$i")" >/dev/null &
         readers+=($!)
     done
     wait "${readers[@]}"
     seconds=$(since "$start")
-    printf '%-52s %10s %14s\n' "64 parallel cat of 64 MiB objects (4 GiB)" "$seconds" "$(finish)"
+    printf '%-52s %10s %14s %16s\n' "64 parallel cat of 64 MiB objects (4 GiB)" "$seconds" "$(finish)" -
 fi
 if [[ " $WORKLOADS " == *" ls "* ]]; then
     mount_fresh
     start=$(now)
-    lines=$(ls -l "$MNT/many" | wc -l)
+    lines=$(ls -l "$MNT/seed/huge-flat" | wc -l)
     seconds=$(since "$start")
-    ((lines == MANY + 1)) || die "ls -l printed $lines lines, expected $((MANY + 1))"
-    printf '%-52s %10s %14s\n' "ls -l of one directory of $MANY objects" "$seconds" "$(finish)"
+    ((lines == 200001)) || die "ls -l printed $lines lines, expected 200001"
+    bytes=$(per_entry 200000)
+    printf '%-52s %10s %14s %16s\n' "ls -l of one directory of 200 000 objects" "$seconds" "$(finish)" "$bytes"
+fi
+if [[ " $WORKLOADS " == *" tree "* ]]; then
+    mount_fresh
+    start=$(now)
+    lines=$(ls -lR "$MNT/seed/huge-tree" | grep -c '^-')
+    seconds=$(since "$start")
+    ((lines == 100000)) || die "ls -lR showed $lines files, expected 100000"
+    bytes=$(per_entry 101000)
+    printf '%-52s %10s %14s %16s\n' "ls -lR of 100 000 objects in 1 000 directories" "$seconds" "$(finish)" "$bytes"
 fi
