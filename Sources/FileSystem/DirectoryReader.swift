@@ -1,3 +1,4 @@
+import Dispatch
 import Locking
 import ObjectStore
 import Synchronization
@@ -21,6 +22,8 @@ final class DirectoryReader: Sendable {
         var tail: [TailItem]? = nil
         /// Names removed here that the store still listed (skipped, see `removedHere`).
         var stillListed: Set<ExactString> = []
+        /// The fetch of the next page running now (one at a time), left when it ends.
+        var fetch: DispatchGroup? = nil
     }
 
     /// What readdir shows after the listing's entries: names this mount made that the listing
@@ -97,55 +100,118 @@ final class DirectoryReader: Sendable {
         isRemembered = false
     }
 
-    /// Entries from `index` on (fetching the next page when needed), and whether the listing is complete.
+    /// Entries from `index` on (fetching the next page when needed), and whether the listing is
+    /// complete. Once a page is in, the next one is fetched in the background while the caller
+    /// works through this one (issue 21: `ls` of 200 000 names waited for each of its 20 pages
+    /// in turn); a failure there is dropped, and the page is asked for again here.
     func entries(from index: Int, resolvingWith filesystem: Filesystem) throws(FSError) -> ([DirectoryEntry], Bool) {
         while true {
-            let (available, complete, marker, builder) = state.withLock { s in
-                (index < s.entries.count ? Array(s.entries[index..<min(s.entries.count, index + 512)]) : [], s.complete, s.marker, s.builder)
+            enum Next {
+                case ready([DirectoryEntry], Bool)
+                case wait(DispatchGroup)
+                case fetch(DispatchGroup)
             }
-            if !available.isEmpty || complete { return (available, complete) }
-            guard let store else { return ([], true) }
-            let page: ListPage
-            do {
-                page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+            let next: Next = state.withLock { s in
+                if index < s.entries.count || s.complete {
+                    // A readdir call takes about 30 entries; each one handed out is made from the
+                    // packed listing (its key, its ETag), so a few at a time.
+                    let end = min(s.entries.count, index + 32)
+                    return .ready(index < end ? Array(s.entries[index..<end]) : [], s.complete)
+                }
+                if let running = s.fetch { return .wait(running) }
+                let group = DispatchGroup()
+                group.enter()
+                s.fetch = group
+                return .fetch(group)
+            }
+            switch next {
+            case .ready(let entries, let complete):
+                if !complete { fetchAhead(filesystem) }
+                return (entries, complete)
+            case .wait(let running):
+                running.wait()
+            case .fetch(let group):
+                defer { finishFetch(group) }
+                guard store != nil else {
+                    state.withLock { $0.complete = true }
+                    continue
+                }
+                try fetchPage(filesystem)
+            }
+        }
+    }
+
+    /// Starts the fetch of the next page on the filesystem's pool, unless one runs already.
+    private func fetchAhead(_ filesystem: Filesystem) {
+        guard store != nil else { return }
+        let group: DispatchGroup? = state.withLock { s in
+            guard s.fetch == nil, !s.complete else { return nil }
+            let group = DispatchGroup()
+            group.enter()
+            s.fetch = group
+            return group
+        }
+        guard let group else { return }
+        let started = filesystem.pool.submit { [self] in
+            defer { finishFetch(group) }
+            do throws(FSError) {
+                try fetchPage(filesystem)
             } catch {
-                throw FSError(storeError: error, operation: "readdir", path: prefix)
+                filesystem.logger.debug("listing '\(prefix)' ahead of readdir failed: \(error.message)")
             }
-            var next = builder
-            let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
-            var resolved = ready.filter { entry in hidden.map { !entry.name.isSameKey(as: $0) } ?? true }
-            let lagging = removedHere.isEmpty ? [] : Set(resolved.lazy.map(\.name.exact).filter(removedHere.contains))
-            if !lagging.isEmpty { resolved.removeAll { lagging.contains($0.name.exact) } }
-            var aliases: [DirectoryEntry] = []
-            for collision in collisions {
-                let resolution = try filesystem.resolve(collision, prefix: prefix)
-                for entry in DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix) {
-                    if entry.kind != .directory && !entry.name.isSameKey(as: collision.name) {
-                        aliases.append(entry)
-                    } else {
-                        resolved.append(entry)
-                    }
+        }
+        if !started { finishFetch(group) }
+    }
+
+    private func finishFetch(_ group: DispatchGroup) {
+        state.withLock { s in if s.fetch === group { s.fetch = nil } }
+        group.leave()
+    }
+
+    /// Fetches the page after the marker and appends its entries. Only while holding `fetch`.
+    private func fetchPage(_ filesystem: Filesystem) throws(FSError) {
+        guard let store else { return }
+        let (marker, builder) = state.withLock { s in (s.marker, s.builder) }
+        let page: ListPage
+        do {
+            page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+        } catch {
+            throw FSError(storeError: error, operation: "readdir", path: prefix)
+        }
+        var next = builder
+        let (ready, collisions) = next.add(page.entries, isLastPage: page.nextMarker == nil)
+        var resolved = ready.filter { entry in hidden.map { !entry.name.isSameKey(as: $0) } ?? true }
+        let lagging = removedHere.isEmpty ? [] : Set(resolved.lazy.map(\.name.exact).filter(removedHere.contains))
+        if !lagging.isEmpty { resolved.removeAll { lagging.contains($0.name.exact) } }
+        var aliases: [DirectoryEntry] = []
+        for collision in collisions {
+            let resolution = try filesystem.resolve(collision, prefix: prefix)
+            for entry in DirectoryBuilder.entries(for: collision, resolution: resolution, prefix: prefix) {
+                if entry.kind != .directory && !entry.name.isSameKey(as: collision.name) {
+                    aliases.append(entry)
+                } else {
+                    resolved.append(entry)
                 }
             }
-            let lastName = page.entries.last.map(\.name)
-            state.withLock { s in
-                // An alias (`x~object`) waits until the listing passed where its name would be (as a
-                // file or a directory, see DirectoryBuilder): a real
-                // key of that name (which sorts after `x/`) takes the name instead.
-                for entry in resolved { s.heldAliases[entry.name.exact] = nil }
-                for alias in aliases { s.heldAliases[alias.name.exact] = alias }
-                let complete = page.nextMarker == nil
-                for (name, alias) in s.heldAliases
-                where complete || lastName.map({ (prefix + name.string + "/").utf8.lexicographicallyPrecedes($0.utf8) }) ?? false {
-                    s.heldAliases[name] = nil
-                    resolved.append(alias)
-                }
-                s.builder = next
-                s.entries.append(contentsOf: resolved)
-                s.stillListed.formUnion(lagging)
-                s.marker = page.nextMarker
-                s.complete = page.nextMarker == nil
+        }
+        let lastName = page.entries.last.map(\.name)
+        state.withLock { s in
+            // An alias (`x~object`) waits until the listing passed where its name would be (as a
+            // file or a directory, see DirectoryBuilder): a real
+            // key of that name (which sorts after `x/`) takes the name instead.
+            for entry in resolved { s.heldAliases[entry.name.exact] = nil }
+            for alias in aliases { s.heldAliases[alias.name.exact] = alias }
+            let complete = page.nextMarker == nil
+            for (name, alias) in s.heldAliases
+            where complete || lastName.map({ (prefix + name.string + "/").utf8.lexicographicallyPrecedes($0.utf8) }) ?? false {
+                s.heldAliases[name] = nil
+                resolved.append(alias)
             }
+            s.builder = next
+            s.entries.append(contentsOf: resolved)
+            s.stillListed.formUnion(lagging)
+            s.marker = page.nextMarker
+            s.complete = page.nextMarker == nil
         }
     }
 

@@ -32,6 +32,11 @@ public struct StoredAttributes: Sendable, Equatable {
 
     /// The content type without csspfs's parameters, and the attributes they carried.
     public static func parse(contentType: String) -> (base: String, attributes: StoredAttributes) {
+        parseASCII(contentType) ?? parseCharacters(contentType)
+    }
+
+    /// `parse` for any content type, character by character.
+    static func parseCharacters(_ contentType: String) -> (base: String, attributes: StoredAttributes) {
         var attributes = StoredAttributes()
         var kept: [Substring] = []
         for (index, part) in contentType.split(separator: ";", omittingEmptySubsequences: false).enumerated() {
@@ -49,6 +54,39 @@ public struct StoredAttributes: Sendable, Equatable {
     }
 
     static let octetStream = "application/octet-stream"
+
+    /// `parse` of an ASCII content type (every one in practice), on its bytes: where a byte is a
+    /// character, splitting, trimming and comparing bytes is what `parse` does with characters,
+    /// at a fraction of the cost (`ls` of 200 000 names parsed each one several times; issue 21).
+    /// nil for any other content type.
+    static func parseASCII(_ contentType: String) -> (base: String, attributes: StoredAttributes)? {
+        let bytes = contentType.utf8
+        guard bytes.allSatisfy({ $0 < 0x80 }) else { return nil }
+        let semicolon = UInt8(ascii: ";")
+        guard bytes.contains(semicolon) else {
+            return (bytes.elementsEqual(octetStream.utf8) ? octetStream : contentType, StoredAttributes())
+        }
+        var attributes = StoredAttributes()
+        var kept: [UInt8] = []
+        kept.reserveCapacity(bytes.count)
+        let prefix = Array(parameterPrefix.utf8)
+        var first = true
+        for part in Array(bytes).split(separator: semicolon, omittingEmptySubsequences: false) {
+            defer { first = false }
+            let trimmed = part.drop(while: { $0 == UInt8(ascii: " ") })
+            if !first, trimmed.starts(with: prefix), let equals = trimmed.firstIndex(of: UInt8(ascii: "=")),
+                equals >= trimmed.startIndex + prefix.count
+            {
+                let name = String(decoding: trimmed[(trimmed.startIndex + prefix.count)..<equals], as: UTF8.self)
+                attributes.set(name, String(decoding: trimmed[(equals + 1)...], as: UTF8.self))
+                continue
+            }
+            if !first { kept.append(semicolon) }
+            kept.append(contentsOf: part)
+        }
+        let base = String(decoding: kept, as: UTF8.self)
+        return (base.utf8.elementsEqual(octetStream.utf8) ? octetStream : base, attributes)
+    }
 
     /// Attributes from `X-Object-Meta-*` (names lower-cased without the prefix).
     public static func parse(metadata: [String: String]) -> StoredAttributes {

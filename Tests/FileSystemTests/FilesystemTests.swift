@@ -77,6 +77,28 @@ struct FilesystemTests {
 
     static let ownContentType = "application/octet-stream;cssp-mtime=1600000000;cssp-mode=0644"
 
+    /// Once a page of a large directory is in, the next one is asked for while readdir works
+    /// through this one (issue 21: `ls` of 200 000 names waited for each of its 20 pages in
+    /// turn); what readdir shows is the same.
+    @Test func readdirAsksForTheNextPageAhead() throws {
+        let store = FakeObjectStore()
+        for i in 0..<250 { store.seed("dir/file\(1000 + i)", [1], contentType: Self.ownContentType) }
+        let fs = makeFilesystem(store, pageSize: 100)
+        defer { fs.shutdown() }
+        let dir = try fs.lookup(parent: Filesystem.rootInode, name: "dir")
+        store.resetCounts()
+        let handle = try fs.opendir(dir.inode)
+        var shown = 0
+        try fs.readdir(dir.inode, handle: handle, offset: 0) { _, _, _, _ in
+            shown += 1
+            return shown < 10
+        }
+        fs.pool.waitUntilIdle()
+        #expect(store.counts.list == 2, "the first page, and the second while readdir was at entry \(shown)")
+        fs.releasedir(handle: handle)
+        #expect(try names(fs, dir.inode) == (0..<250).map { "file\(1000 + $0)" })
+    }
+
 
     @Test func markersAndImplicitPrefixesAreDirectories() throws {
         let store = FakeObjectStore()

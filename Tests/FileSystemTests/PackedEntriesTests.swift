@@ -123,3 +123,23 @@ struct EntryTableTests {
         #expect(table.addedHere == added)
     }
 }
+
+/// The byte-wise parse of ASCII content types gives what the character-wise one gives.
+struct ContentTypeParseTests {
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func bytesAndCharactersAgree(seed: UInt64) {
+        var random = SeededGenerator(seed: seed)
+        let pieces = [";", " ", "=", "cssp-", "mode", "mtime", "uid", "gid", "0644", "1.5", "12", "text/plain",
+                      "charset=utf-8", "x", "application/octet-stream", "4294967296", "-", ";cssp-mode=0755", ";;"]
+        for _ in 0..<3_000 {
+            let text = (0..<Int.random(in: 0...9, using: &random)).map { _ in
+                pieces[Int.random(in: 0..<pieces.count, using: &random)]
+            }.joined()
+            let bytes = StoredAttributes.parseASCII(text)
+            let characters = StoredAttributes.parseCharacters(text)
+            #expect(bytes?.base == characters.base && bytes?.attributes == characters.attributes, "\(text)")
+            if bytes?.base != characters.base || bytes?.attributes != characters.attributes { return }
+        }
+        #expect(StoredAttributes.parseASCII("text/plain;charset=é") == nil)
+    }
+}
