@@ -317,6 +317,9 @@ struct EntryTable {
 
     /// Every entry now (one per name), sorted by the bytes of the names.
     var sorted: PackedEntries {
+        // In order, each name once, nothing changed: the entries as they are (no copy; this runs
+        // under the filesystem's lock for every readdir of a remembered listing).
+        if order == nil && changes.isEmpty { return entries }
         var changed = changes.compactMap { $0.value }.sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }[...]
         var result = PackedEntries(prefix: entries.prefix)
         for rank in 0..<entries.count {
