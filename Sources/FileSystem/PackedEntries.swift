@@ -104,8 +104,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         names.append(contentsOf: entry.name.utf8)
         ends.append(UInt32(names.count))
         var flag = Self.code(entry.kind)
-        let standardKey = entry.kind == .directory ? prefix + entry.name + "/" : prefix + entry.name
-        if !entry.key.utf8.elementsEqual(standardKey.utf8) { exception.key = entry.key }
+        if !isStandardKey(entry) { exception.key = entry.key }
         if entry.etag.isEmpty {
             flag |= Flag.noEtag
             digests.append(0)
@@ -154,6 +153,17 @@ struct PackedEntries: Sendable, RandomAccessCollection {
             exceptions[position] = exception
         }
         flags.append(flag)
+    }
+
+    /// Whether the entry's key is the prefix and its name (and "/" for a directory), compared
+    /// in place: this runs for every entry of every listing.
+    private func isStandardKey(_ entry: DirectoryEntry) -> Bool {
+        var key = entry.key.utf8[...]
+        guard key.starts(with: prefix.utf8) else { return false }
+        key = key.dropFirst(prefix.utf8.count)
+        guard key.starts(with: entry.name.utf8) else { return false }
+        key = key.dropFirst(entry.name.utf8.count)
+        return entry.kind == .directory ? key.elementsEqual("/".utf8) : key.isEmpty
     }
 
     /// The entries for which `keep` is true, in order.
