@@ -12,13 +12,17 @@ import ObjectStore
 ///    the listing started replaces what it says of the name (it may predate the change); one
 ///    made before only adds a name the listing lacks (a container listing lags behind the
 ///    writes it follows), since what the listing shows of it may be another client's newer
-///    version. A change before it that the listing already shows (the name there, or gone)
-///    leaves the journal: the store caught up, and a later listing that differs shows another
-///    client's change. Only a listing that started before a change no longer journaled is refused, and
+///    version. A change before it that the listing already shows (the name there, or gone) is
+///    marked shown and no longer applied: the store caught up, and a later listing that
+///    differs shows another client's change. Only a listing that started before a change no longer journaled is refused, and
 ///    one older than the listing remembered already. Creates from several processes in one
 ///    directory then keep one listing current instead of listing the directory for each name.
 /// 3. A directory that is renamed, removed or forgotten loses its listing and journal (`drop`),
 ///    since the keys in it name the old place.
+/// 4. An answer about a name asked before a change made here (a readdir's listing taken before
+///    an upload was stored, a HEAD sent before it) must not make a new node for the name: the
+///    node that knew better may be gone (the kernel forgot it). `changeSince` says what this
+///    mount made of the name after the answer's change count, or that it cannot know.
 struct DirectoryCache {
     struct Listing {
         var entries: EntryTable
@@ -34,6 +38,9 @@ struct DirectoryCache {
         var at: Double
         var name: ExactString
         var entry: DirectoryEntry?
+        /// A listing that started after it showed it: not applied to later listings (rule 2),
+        /// kept for the answers from before it (rule 4).
+        var shown = false
     }
 
     /// How long a change made here is applied again to later listings (rule 2).
@@ -48,6 +55,8 @@ struct DirectoryCache {
     private var journals: [InodeNumber: [Change]] = [:]
     /// Per directory, the count of the newest change no longer journaled (absent = 0).
     private var forgottenUpTo: [InodeNumber: UInt64] = [:]
+    /// Per directory, the latest journaled change of each name (rule 4).
+    private var latest: [InodeNumber: [ExactString: Change]] = [:]
     /// Changes recorded since every journal was last pruned (directories nobody changes or lists
     /// again would keep theirs otherwise).
     private var recordedSincePrune = 0
@@ -121,7 +130,7 @@ struct DirectoryCache {
         // in that version or a newer one another client wrote, unless it lags behind: then a
         // name made here is added, and one removed here is taken out.
         var before: [ExactString: DirectoryEntry?] = [:]
-        for change in journal where change.count <= startedAt { before[change.name] = change.entry }
+        for change in journal where change.count <= startedAt && !change.shown { before[change.name] = change.entry }
         for (name, entry) in before {
             if let entry {
                 if table[name] == nil { table[name] = current(name) ?? entry }
@@ -134,13 +143,18 @@ struct DirectoryCache {
             return (table, false)
         }
         listings[directory] = Listing(entries: table, completedAt: now, askedAt: askedAt)
-        // The listing shows these changes already: they are not applied again (an older listing
-        // still under way is not remembered over this one).
+        // The listing shows these changes already: they are not applied to later listings
+        // (an older listing still under way is not remembered over this one).
         // (`stillListed`: names removed here that the store listed, which the reader skipped.)
         let shown = Set(before.compactMap { name, entry in
             (entry != nil) == (entries[name] != nil || stillListed.contains(name)) ? name : nil
         })
-        if !shown.isEmpty { journals[directory]?.removeAll { $0.count <= startedAt && shown.contains($0.name) } }
+        if !shown.isEmpty, var journal = journals[directory] {
+            for index in journal.indices where journal[index].count <= startedAt && shown.contains(journal[index].name) {
+                journal[index].shown = true
+            }
+            journals[directory] = journal
+        }
         return (table, true)
     }
 
@@ -160,7 +174,9 @@ struct DirectoryCache {
         let count = changeCount(directory) + 1
         changes[directory] = count
         listings[directory]?.entries[name.exact] = entry
-        journals[directory, default: []].append(Change(count: count, at: now, name: name.exact, entry: entry))
+        let change = Change(count: count, at: now, name: name.exact, entry: entry)
+        journals[directory, default: []].append(change)
+        latest[directory, default: [:]][name.exact] = change
         prune(directory, now: now)
         recordedSincePrune += 1
         if recordedSincePrune >= 1_000 {
@@ -169,11 +185,31 @@ struct DirectoryCache {
         }
     }
 
+    /// What this mount made of a name since an answer about it (rule 4).
+    enum Since: Equatable {
+        /// Nothing: the answer stands.
+        case nothing
+        /// This entry (nil: removed) after the answer: it describes the name better.
+        case changed(DirectoryEntry?)
+        /// Changes after the answer are no longer journaled: it may describe an older version.
+        case unknown
+    }
+
+    /// What this mount made of `name` in `directory` after change count `count` (rule 4).
+    func changeSince(_ directory: InodeNumber, _ name: String, count: UInt64) -> Since {
+        guard changeCount(directory) > count else { return .nothing }
+        guard count >= forgottenUpTo[directory] ?? 0 else { return .unknown }
+        guard let change = latest[directory]?[name.exact], change.count > count else { return .nothing }
+        return .changed(change.entry)
+    }
+
     /// Names whose last change made here (still journaled) removed them: a listing that lags
     /// behind may still show them.
     func removedHere(_ directory: InodeNumber, now: Double) -> Set<ExactString> {
         var last: [ExactString: Bool] = [:]
-        for change in journals[directory] ?? [] where now - change.at <= journalSeconds { last[change.name] = change.entry == nil }
+        for change in journals[directory] ?? [] where now - change.at <= journalSeconds {
+            last[change.name] = change.entry == nil && !change.shown
+        }
         return Set(last.compactMap { $0.value ? $0.key : nil })
     }
 
@@ -202,6 +238,7 @@ struct DirectoryCache {
         let count = changeCount(directory) + 1
         changes[directory] = count
         journals[directory] = nil
+        latest[directory] = nil
         forgottenUpTo[directory] = count
     }
 
@@ -213,7 +250,13 @@ struct DirectoryCache {
             now - first.at > journalSeconds * slack || Double(journal.count) > Double(Self.journalLimit) * slack
         else { return }
         let kept = journal.drop { now - $0.at > journalSeconds }.suffix(Self.journalLimit)
-        if let last = journal[..<kept.startIndex].last { forgottenUpTo[directory] = last.count }
+        let forgotten = journal[..<kept.startIndex]
+        if let last = forgotten.last { forgottenUpTo[directory] = last.count }
+        // An answer asked before these is `unknown` now (rule 4).
+        for change in forgotten where latest[directory]?[change.name]?.count == change.count {
+            latest[directory]?[change.name] = nil
+        }
+        if latest[directory]?.isEmpty == true { latest[directory] = nil }
         journals[directory] = kept.isEmpty ? nil : Array(kept)
     }
 }
@@ -224,6 +267,7 @@ extension DirectoryCache {
         listings[directory] = nil
         changes[directory] = nil
         journals[directory] = nil
+        latest[directory] = nil
         forgottenUpTo[directory] = nil
         lastResolved[directory] = nil
         reserved[directory] = nil

@@ -241,7 +241,9 @@ public final class Filesystem: Sendable {
             node.size = open.size
             return attributes(of: node)
         }
-        if node.kind != .directory && now() - node.confirmedAt > configuration.attributeCacheSeconds {
+        // A node no name leads to (unlinked or replaced here, held open) keeps what it knew:
+        // its old key may hold another object now, which is not this file.
+        if node.kind != .directory && node.linked && now() - node.confirmedAt > configuration.attributeCacheSeconds {
             node = try refresh(node)
         }
         return attributes(of: node)
@@ -271,6 +273,21 @@ public final class Filesystem: Sendable {
 
     /// Resolves `name` in directory `parent`; on success the kernel holds one more lookup on it.
     public func lookup(parent: InodeNumber, name: String) throws(FSError) -> Attributes {
+        // An answer from before a change made here that no node remembers is asked again
+        // (DirectoryCache rule 4); the last try takes what it gets.
+        for attempt in 1...Self.lookupAttempts {
+            if let attributes = try lookupOnce(parent: parent, name: name, lastTry: attempt == Self.lookupAttempts) {
+                return attributes
+            }
+        }
+        preconditionFailure("INTERNAL ERROR: the last lookup attempt returns or throws")
+    }
+
+    static let lookupAttempts = 3
+
+    /// `lookup`; nil when the answer predates a change made here (DirectoryCache rule 4) and
+    /// this is not the `lastTry`.
+    private func lookupOnce(parent: InodeNumber, name: String, lastTry: Bool) throws(FSError) -> Attributes? {
         let directory = try node(parent)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "lookup in a file") }
         guard DirectoryBuilder.isValidName(name) else {
@@ -285,25 +302,28 @@ public final class Filesystem: Sendable {
         }
         if let local { return local }
 
-        let listed: (entry: DirectoryEntry?, askedAt: UInt64)? = state.withLock { s in
+        let listed: (entry: DirectoryEntry?, askedAt: UInt64, since: UInt64)? = state.withLock { s in
             guard let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds)
             else { return nil }
-            return (listing.entries[name.exact], listing.askedAt)
+            return (listing.entries[name.exact], listing.askedAt, s.directories.changeCount(parent))
         }
         var entry: DirectoryEntry
-        // When the entry was asked for (the attribute rule).
+        // When the entry was asked for (the attribute rule), and the directory's change count
+        // then (DirectoryCache rule 4).
         var listedAt: UInt64
+        var since: UInt64
         // A HEAD's answer: the file's full description (a DLO's real size and manifest, metadata
         // headers), or a directory's marker (none: no marker).
         var head: HeadAnswer? = nil
         switch listed {
-        case (let found?, let askedAt)?: (entry, listedAt) = (found, askedAt)
-        case (nil, _)?: throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
+        case (let found?, let askedAt, let count)?: (entry, listedAt, since) = (found, askedAt, count)
+        case (nil, _, _)?: throw FSError(.notFound, "no '\(name)' in '\(directory.key)'")
         case nil:
-            if let (listing, askedAt) = try listForLookups(directory) {
+            if let (listing, askedAt, count) = try listForLookups(directory) {
                 guard let found = listing[name.exact] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
-                (entry, listedAt) = (found, askedAt)
+                (entry, listedAt, since) = (found, askedAt, count)
             } else {
+                since = state.withLock { $0.directories.changeCount(parent) }
                 listedAt = storeClock.tick()
                 let (found, headed) = try resolve(name: name, prefix: directory.key)
                 entry = found
@@ -360,7 +380,7 @@ public final class Filesystem: Sendable {
             }
         }
         return state.withLock { s in
-            self.link(entry, parent: parent, listedAt: listedAt, head: head, fresh: fresh, in: &s)
+            self.link(entry, parent: parent, listedAt: listedAt, since: lastTry ? nil : since, head: head, fresh: fresh, in: &s)
         }
     }
 
@@ -370,7 +390,8 @@ public final class Filesystem: Sendable {
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
     /// A lookup while such a listing runs waits for it (creates from several processes in one
     /// directory share one listing).
-    func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64)? {
+    /// Returns the listing, when it was asked and the change count it is current as of.
+    func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64, since: UInt64)? {
         let inode = directory.inode
         let now = self.now()
         enum Start {
@@ -395,7 +416,7 @@ public final class Filesystem: Sendable {
             guard running.wait(timeout: .now() + Self.lookupListingWait) == .success else { return nil }
             return state.withLock { s in
                 s.directories.listing(inode, now: self.now(), maximumAge: configuration.directoryCacheSeconds)
-                    .map { ($0.entries, $0.askedAt) }
+                    .map { ($0.entries, $0.askedAt, s.directories.changeCount(inode)) }
             }
         case .list(let startedAt, let group):
             defer {
@@ -411,7 +432,8 @@ public final class Filesystem: Sendable {
                 if index > Self.lookupListingLimit { return nil }
             }
             guard let entries = reader.completeEntries() else { return nil }
-            return (remember(reader, entries, for: inode), reader.askedAt)
+            // Changes made since the reader started are in the table (DirectoryCache rule 2).
+            return (remember(reader, entries, for: inode), reader.askedAt, reader.startedAt)
         }
     }
 
@@ -468,10 +490,23 @@ public final class Filesystem: Sendable {
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
     /// `fresh`: the node's attributes were confirmed within `attr_timeout`; only count the lookup.
+    /// `since`: the directory's change count when the entry was asked: a new node takes what
+    /// this mount made of the name after it instead, and none is made (nil) when that was a
+    /// removal or is no longer known (DirectoryCache rule 4). nil: take the entry as it is.
     private func link(
-        _ entry: DirectoryEntry, parent: InodeNumber, listedAt: UInt64, head: HeadAnswer?, fresh: Bool = false,
-        in s: inout State
-    ) -> Attributes {
+        _ answer: DirectoryEntry, parent: InodeNumber, listedAt answerAskedAt: UInt64, since: UInt64?,
+        head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout State
+    ) -> Attributes? {
+        var (entry, listedAt, head) = (answer, answerAskedAt, answerHead)
+        if let since, s.inodes.child(parent, entry.name)?.kind != entry.kind {
+            switch s.directories.changeSince(parent, entry.name, count: since) {
+            case .nothing: break
+            case .changed(let mine?):
+                // Recorded after the store acknowledged it: as of now.
+                (entry, listedAt, head) = (mine, storeClock.tick(), nil)
+            case .changed(nil), .unknown: return nil
+            }
+        }
         let parentKey = s.inodes[parent]?.key ?? configuration.rootPrefix
         let linked = s.inodes.link(
             parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1,
@@ -601,8 +636,9 @@ public final class Filesystem: Sendable {
     /// One thing readdir shows.
     private enum Item {
         case dot(String, InodeNumber)
-        /// A name from the listing, asked for at `askedAt` (the attribute rule).
-        case listed(DirectoryEntry, askedAt: UInt64)
+        /// A name from the listing, asked for at `askedAt` (the attribute rule) when the
+        /// directory's change count was `since` (DirectoryCache rule 4).
+        case listed(DirectoryEntry, askedAt: UInt64, since: UInt64)
         /// A file created here that the server does not list yet (open, or waiting for its upload).
         case local(String, InodeNumber)
     }
@@ -615,7 +651,7 @@ public final class Filesystem: Sendable {
         try walk(inode, handle: handle, offset: offset) { item, next in
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, next)
-            case .listed(let entry, _):
+            case .listed(let entry, _, _):
                 let shown = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, shown.kind, shown.inode, next)
             case .local(let name, let child): return emit(name, .file, shownInode(name, kind: .file, in: inode, local: child).inode, next)
@@ -634,7 +670,7 @@ public final class Filesystem: Sendable {
         try walk(inode, handle: handle, offset: offset) { item, next in
             // Another tool's object: its metadata headers if a background HEAD already has them.
             var head: HeadAnswer? = nil
-            if case .listed(let entry, _) = item, entry.kind == .file, entry.size > 0, Self.needsMetadata(entry),
+            if case .listed(let entry, _, _) = item, entry.kind == .file, entry.size > 0, Self.needsMetadata(entry),
                 case .known(let answer) = prefetchedMetadata(entry, wait: false), answer.info != nil
             {
                 head = answer
@@ -642,7 +678,7 @@ public final class Filesystem: Sendable {
             let linked: (String, NodeKind, Attributes?)? = state.withLock { s in
                 switch item {
                 case .dot: return nil
-                case .listed(let entry, let listedAt):
+                case .listed(let entry, let listedAt, let since):
                     // A file being written here: its spool describes it, whatever the listing
                     // (or this mount's journaled entry of the create) says, even another kind of
                     // object (a write-back rename over it, not stored yet).
@@ -652,7 +688,8 @@ public final class Filesystem: Sendable {
                         return (entry.name, .file, attributes)
                     }
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
-                    let attributes = link(entry, parent: inode, listedAt: listedAt, head: head, in: &s)
+                    // nil: the listing is older than a change made here (the kernel looks it up).
+                    let attributes = link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
                     return (entry.name, entry.kind, attributes)
                 case .local(let name, let child):
                     return lookUpSpooled(child, in: &s).map { (name, .file, $0) }
@@ -665,7 +702,7 @@ public final class Filesystem: Sendable {
             }
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, nil, next)
-            case .listed(let entry, _):
+            case .listed(let entry, _, _):
                 let shown = shownInode(entry.name, kind: entry.kind, in: inode)
                 return emit(entry.name, shown.kind, shown.inode, nil, next)
             case .local(let name, let child): return emit(name, .file, child, nil, next)
@@ -702,7 +739,7 @@ public final class Filesystem: Sendable {
             }
             for entry in batch {
                 index += 1
-                if !emit(.listed(entry, askedAt: reader.askedAt), Int64(index) + 2) { return }
+                if !emit(.listed(entry, askedAt: reader.askedAt, since: reader.startedAt), Int64(index) + 2) { return }
             }
         }
     }
@@ -770,7 +807,7 @@ public final class Filesystem: Sendable {
         for (i, item) in tail.enumerated() where i >= start {
             let next = Int64(entries.count + i + 1) + 2
             switch item {
-            case .listed(let entry): if !emit(.listed(entry, askedAt: reader.askedAt), next) { return }
+            case .listed(let entry): if !emit(.listed(entry, askedAt: reader.askedAt, since: reader.startedAt), next) { return }
             case .local(let name, let child): if !emit(.local(name, child), next) { return }
             }
         }

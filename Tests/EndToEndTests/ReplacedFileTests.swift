@@ -146,4 +146,39 @@ struct ReplacedFileTests {
         #expect(failures.isEmpty, "\(failures.count) of \(reads) fresh reads failed: \(failures.prefix(8))")
         #expect(try mount.unmount() == 0)
     }
+
+    /// A read-only handle that read a file which a rename through this mount then replaced reads
+    /// the old bytes or fails (ESTALE, ENOENT: the man page), never reads nothing (mount model seed 123,
+    /// `attr_timeout=0`: `fd 11 (removed) reads 0 bytes, expected 13`).
+    @Test(arguments: [["attr_timeout=0", "entry_timeout=0", "cache_size=0"], []])
+    func aHandleOfAFileRenamedOverReadsItOrFails(_ options: [String]) throws {
+        let scene = try Scene("renamed-over")
+        defer { scene.cleanUp() }
+        let mount = try scene.mount(options)
+        let script = """
+            import errno, os, sys
+            d = sys.argv[1]
+            def write(path, data):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, data)
+                os.close(fd)
+            write(d + "/a", b"x" * 13)
+            write(d + "/e", b"")
+            os.rename(d + "/e", d + "/d é")
+            os.close(os.open(d + "/d é", os.O_WRONLY))
+            fd = os.open(d + "/a", os.O_RDONLY)
+            assert os.pread(fd, 100, 0) == b"x" * 13
+            os.rename(d + "/d é", d + "/a")
+            try:
+                data = os.pread(fd, 100, 0)
+                print("read", data.decode())
+            except OSError as e:
+                print("error", errno.errorcode[e.errno])
+            """
+        let result = try shell("/usr/bin/python3 -c \(quoted(script)) \(quoted(mount.path("")))")
+        #expect(result.status == 0, "\(result.stderr)")
+        let shown = result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(["read " + String(repeating: "x", count: 13), "error ESTALE", "error ENOENT"].contains(shown), "\(shown)")
+        #expect(try mount.unmount() == 0)
+    }
 }

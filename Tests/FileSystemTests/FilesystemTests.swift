@@ -55,6 +55,30 @@ struct FilesystemTests {
         #expect(store.counts.head >= 1 && store.counts.delete == 1)
     }
 
+    /// A file replaced by a rename here and still open keeps its own attributes: with
+    /// attr_timeout=0 a stat of it must not HEAD its old key, which holds the other file now
+    /// (mount model seed 123: the kernel took the new object's size 0 and read nothing).
+    @Test func aFileRenamedOverWhileOpenKeepsItsAttributes() throws {
+        let store = FakeObjectStore()
+        var configuration = FilesystemConfiguration()
+        configuration.attributeCacheSeconds = 0
+        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let root = Filesystem.rootInode
+        try fs.storeFile(root, "a", Array(repeating: 120, count: 13))
+        try fs.storeFile(root, "e", [])
+        let a = try fs.lookup(parent: root, name: "a")
+        let opened = try fs.open(a.inode, writable: false, truncate: false)
+        defer { fs.release(handle: opened.handle) }
+        try fs.rename(parent: root, name: "e", newParent: root, newName: "a", noReplace: false)
+        let stale = try fs.getattr(a.inode)
+        #expect(stale.size == 13 && stale.links == 0)
+        let bytes: [UInt8]? = try? fs.readBytes(opened.handle, offset: 0, length: 100)
+        #expect(bytes == nil || bytes == Array(repeating: 120, count: 13))
+        #expect(try fs.lookup(parent: root, name: "a").size == 0)
+    }
+
     @Test func readdirOfRegularObjectsMakesNoHead() throws {
         let store = FakeObjectStore()
         // As csspfs writes them (attributes in the content type): nothing for a HEAD to add.

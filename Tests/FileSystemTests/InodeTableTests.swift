@@ -228,6 +228,33 @@ struct DirectoryCacheTests {
         #expect(cache.removedHere(7, now: 20).isEmpty, "beyond journalSeconds")
     }
 
+    /// Rule 4: what this mount made of a name after an answer's change count, also once a
+    /// later listing showed it; `unknown` once it is no longer journaled.
+    @Test func changeSinceAnAnswerIsKnownUntilTheJournalForgetsIt() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        let answered = cache.changeCount(7)
+        #expect(cache.changeSince(7, "f", count: answered) == .nothing)
+        var stored = entry("f")
+        stored.size = 43
+        cache.record(7, name: "f", entry: entry("f"), now: 10)
+        cache.record(7, name: "f", entry: stored, now: 10)
+        cache.record(7, name: "g", entry: nil, now: 10)
+        #expect(cache.changeSince(7, "f", count: answered) == .changed(stored))
+        #expect(cache.changeSince(7, "g", count: answered) == .changed(nil))
+        #expect(cache.changeSince(7, "h", count: answered) == .nothing)
+        #expect(cache.changeSince(7, "f", count: cache.changeCount(7)) == .nothing)
+        #expect(cache.changeSince(8, "f", count: answered) == .nothing, "another directory")
+        // A listing that started after the changes shows them: they are not applied to later
+        // listings, but an answer from before still learns of them.
+        let shown = cache.remember(EntryTable([stored]), for: 7, now: 11, startedAt: cache.changeCount(7), askedAt: 5)
+        #expect(shown.remembered)
+        #expect(cache.changeSince(7, "f", count: answered) == .changed(stored))
+        // Beyond journalSeconds they are forgotten: an answer from before cannot be trusted.
+        cache.record(7, name: "later", entry: entry("later"), now: 30)
+        #expect(cache.changeSince(7, "f", count: answered) == .unknown)
+        #expect(cache.changeSince(7, "later", count: cache.changeCount(7) - 1) == .changed(entry("later")))
+    }
+
     /// A journal is kept for `journalSeconds`, also in a directory nobody changes or lists
     /// again: changes elsewhere prune it (an rsync of many directories holds no journal of them
     /// all).
