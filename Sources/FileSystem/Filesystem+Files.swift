@@ -911,13 +911,19 @@ extension Filesystem {
             case .file where now() - node.metadataKnownAt <= configuration.attributeCacheSeconds:
                 // Just stored or confirmed (rsync's chmod and utimes right after writing): what
                 // the POST must keep is known, no HEAD needed.
-                try store.post(
-                    key: node.key, contentType: node.stored.contentType(base: node.baseContentType),
-                    metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
+                try postHoldingUploads(node.inode) { () throws(ObjectStoreError) -> String? in
+                    try store.post(
+                        key: node.key, contentType: node.stored.contentType(base: node.baseContentType),
+                        metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
+                    return node.etag
+                }
             case .file, .symlink, .fifo, .socket:
-                let info = try store.head(key: node.key)
-                let (contentType, metadata) = storedForm(of: node, over: info)
-                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
+                try postHoldingUploads(node.inode) { () throws(ObjectStoreError) -> String? in
+                    let info = try store.head(key: node.key)
+                    let (contentType, metadata) = storedForm(of: node, over: info)
+                    try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
+                    return info.etag
+                }
             case .directory:
                 // The root of the mount has no object to keep attributes on.
                 guard !node.key.isEmpty else { return }

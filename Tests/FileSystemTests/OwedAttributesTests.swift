@@ -1,4 +1,6 @@
+import Dispatch
 import Foundation
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -86,6 +88,44 @@ struct OwedAttributesTests {
         // Stored once: nothing is owed any more.
         #expect(fs.storeOwedAttributes().isEmpty)
         #expect(store.counts.post == 1)
+    }
+
+    /// The POST of owed attributes replaces the object's manifest too (Swift drops one a POST
+    /// does not repeat): a rewrite of the file stored between its HEAD and its POST, here as a
+    /// DLO, must keep its manifest and bytes (core model seed 63: the queued upload's DLO lost
+    /// its manifest to the POST, and its next upload became a conflict copy).
+    @Test func anUploadBetweenTheHeadAndThePostOfOwedAttributesKeepsItsBytes() throws {
+        let fake = FakeObjectStore()
+        let rewrite = Locked<(@Sendable () -> Void)?>(nil)
+        let manifestStored = DispatchSemaphore(value: 0)
+        let rewritten = DispatchGroup()
+        let store = FaultInjectingStore(fake) { call in
+            // Another process rewrites the file after the HEAD, before the POST is sent: the
+            // POST waits until the rewrite's manifest is in (its close then waits for the
+            // attribute lock the POST's caller holds, so it ends after).
+            if call.operation == .post, let run = rewrite.withLock({ r in defer { r = nil }; return r }) {
+                DispatchQueue.global().async(group: rewritten) { run() }
+                manifestStored.wait()
+            }
+            if call.operation == .putManifest { manifestStored.signal() }
+            return .none
+        }
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = spool
+        configuration.attributeWriteDelay = 3600
+        configuration.multipartThreshold = 16
+        configuration.partSize = 8
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let file = try fileWithAnOwedChmod(fs)
+        let bytes = Array("forty bytes, stored as five parts of 8.".utf8)
+        rewrite.withLock { $0 = { try? fs.overwrite(file.inode, bytes) } }
+        #expect(fs.storeOwedAttributes().isEmpty)
+        rewritten.wait()
+        #expect(rewrite.withLock { $0 == nil }, "the POST ran the rewrite")
+        #expect(fake.object("f")?.bytes == bytes)
+        #expect(fake.object("f")?.metadata["mode"] == "0600")
+        #expect(try fs.readWhole(file.inode, chunk: 64) == bytes)
     }
 
     @Test func aHeadOrAListingDoesNotUndoAnOwedChange() throws {
