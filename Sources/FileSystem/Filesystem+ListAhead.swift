@@ -18,17 +18,19 @@ import ObjectStore
 /// 2. A readdir that finds its listing still running waits for it (at most
 ///    `lookupListingWait`); one that finds it queued lists by itself and the queued job is
 ///    dropped.
-/// 3. Bounded: at most `listAheadQueueLimit` directories queued (the first ones a walk will
-///    read), `listAheadTableLimit` listings kept (all dropped when full), and a directory
-///    larger than `listAheadEntryLimit` entries is left to its readdir. Failures are dropped
-///    silently: the readdir lists by itself and reports its own error.
+/// 3. Bounded: at most `listAheadWindow` listings running or fetched and not used yet (a
+///    worker stops there, and a readdir that uses one starts it again, so a walk of thousands of
+///    directories keeps its listings coming just ahead of it), fetched ones older than
+///    `dir_timeout` dropped (no longer usable), at most `listAheadBacklogLimit` directories
+///    waiting, and a directory larger than `listAheadEntryLimit` entries is left to its readdir.
+///    Failures are dropped silently: the readdir lists by itself and reports its own error.
 /// 4. A directory's attributes live on its `dir/` marker, which the lookup before its readdir
 ///    HEADs (or takes from `prefetchMetadata`). A listing of `dir/` shows the marker too, so one
 ///    that does not show it answers that HEAD: no marker (the layout other tools leave), one
 ///    round trip fewer per directory.
 extension Filesystem {
-    static let listAheadQueueLimit = 256
-    static let listAheadTableLimit = 1_024
+    static let listAheadWindow = 256
+    static let listAheadBacklogLimit = 100_000
     static let listAheadEntryLimit = 10_000
 
     struct AheadListing: Sendable {
@@ -53,6 +55,35 @@ extension Filesystem {
         var next = 0
         var workers = 0
         var stopped = false
+        /// Listings running or fetched and not used yet (subtlety 3).
+        var held = 0
+        /// The fetched ones, oldest first, with when they started (some may be used already).
+        var fetched: [(key: ExactString, startedAt: Double)] = []
+        var fetchedNext = 0
+
+        /// Drops fetched listings that started more than `maximumAge` before `now`.
+        mutating func expire(now: Double, maximumAge: Double) {
+            while fetchedNext < fetched.count, now - fetched[fetchedNext].startedAt > maximumAge {
+                let (key, startedAt) = fetched[fetchedNext]
+                fetchedNext += 1
+                // (A later listing of the same directory has a record of its own.)
+                if case .done(let listing)? = slots[key], listing.startedAt == startedAt {
+                    slots[key] = nil
+                    held -= 1
+                }
+            }
+            if fetchedNext > 1_024 && fetchedNext * 2 > fetched.count {
+                fetched.removeFirst(fetchedNext)
+                fetchedNext = 0
+            }
+        }
+
+        /// How many more workers may start, at most `width` in all.
+        mutating func startable(width: Int) -> Int {
+            let starting = max(0, min(width - workers, queue.count - next))
+            workers += starting
+            return starting
+        }
     }
 
     /// Queues the listings of the subdirectories among `entries` (a listing just read from the
@@ -68,25 +99,27 @@ extension Filesystem {
                 a.queue.removeAll(keepingCapacity: true)
                 a.next = 0
             }
-            if a.slots.count >= Self.listAheadTableLimit {
-                a.slots = a.slots.filter { if case .done = $0.value { false } else { true } }
-            }
             for directory in directories
-            where a.queue.count - a.next < Self.listAheadQueueLimit && a.slots[directory.key.exact] == nil {
+            where a.queue.count - a.next < Self.listAheadBacklogLimit && a.slots[directory.key.exact] == nil {
                 a.slots[directory.key.exact] = .queued
                 a.queue.append(directory)
             }
-            let starting = max(0, min(width - a.workers, a.queue.count - a.next))
-            a.workers += starting
-            return starting
+            return a.startable(width: width)
         }
-        startWorkers(start, in: listingAhead, { [self] in runListAheadWorker() }) { listingsAhead.withLock { $0.workers -= 1 } }
+        startListAheadWorkers(start)
+    }
+
+    private func startListAheadWorkers(_ count: Int) {
+        startWorkers(count, in: listingAhead, { [self] in runListAheadWorker() }) { listingsAhead.withLock { $0.workers -= 1 } }
     }
 
     private func runListAheadWorker() {
         while true {
+            let now = self.now()
             let claimed: (DirectoryEntry, DispatchGroup)? = listingsAhead.withLock { a in
-                while a.next < a.queue.count && !a.stopped {
+                a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
+                // Far enough ahead: a readdir that uses a listing starts a worker again.
+                while a.next < a.queue.count && !a.stopped && a.held < Self.listAheadWindow {
                     let directory = a.queue[a.next]
                     a.next += 1
                     // A readdir may have taken the directory over (subtlety 2).
@@ -94,6 +127,7 @@ extension Filesystem {
                     let group = DispatchGroup()
                     group.enter()
                     a.slots[directory.key.exact] = .running(group)
+                    a.held += 1
                     return (directory, group)
                 }
                 a.workers -= 1
@@ -101,7 +135,20 @@ extension Filesystem {
             }
             guard let (directory, group) = claimed else { return }
             let listing = fetchAhead(directory)
-            listingsAhead.withLock { a in a.slots[directory.key.exact] = listing.map { .done($0) } }
+            listingsAhead.withLock { a in
+                let key = directory.key.exact
+                guard case .running(let running)? = a.slots[key], running === group else {
+                    a.held -= 1
+                    return
+                }
+                if let listing {
+                    a.slots[key] = .done(listing)
+                    a.fetched.append((key, listing.startedAt))
+                } else {
+                    a.slots[key] = nil
+                    a.held -= 1
+                }
+            }
             group.leave()
         }
     }
@@ -148,7 +195,12 @@ extension Filesystem {
             listingsAhead.withLock { a in if case .queued? = a.slots[key] { a.slots[key] = nil } }
             return nil
         case .done(let listing):
-            listingsAhead.withLock { _ = $0.slots.removeValue(forKey: key) }
+            let start: Int = listingsAhead.withLock { a in
+                guard case .done? = a.slots.removeValue(forKey: key) else { return 0 }
+                a.held -= 1
+                return a.stopped ? 0 : a.startable(width: configuration.listAhead)
+            }
+            startListAheadWorkers(start)
             return state.withLock { s in
                 guard listing.generation == s.directories.generation,
                     now() - listing.startedAt <= configuration.directoryCacheSeconds

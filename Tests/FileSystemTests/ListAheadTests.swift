@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Locking
 import Logging
 import ObjectStore
@@ -56,6 +59,32 @@ struct ListAheadTests {
             #expect(shown == ["a", "b"], "d\(d): \(shown)")
         }
         for d in 1...5 { #expect(listings.count("d\(d)/") == 1, "d\(d)/ listed once") }
+    }
+
+    /// A walk of more directories than are listed ahead at once (`listAheadWindow`): the
+    /// listings of the later ones go out as the walk uses the earlier ones, so no readdir of the
+    /// walk waits for a listing of its own (1 000 directories at 20 ms a request: 744 did).
+    @Test func aWalkOfManyDirectoriesKeepsTheListingsAheadComing() throws {
+        let fake = FakeObjectStore()
+        let count = Filesystem.listAheadWindow + 40
+        let names = (1...count).map { String(format: "d%04d", $0) }
+        for name in names { fake.seed(name + "/f", text: name) }
+        let walker = pthread_self()
+        let byWalker = Locked<[String]>([])
+        let store = FaultInjectingStore(fake) { call in
+            if call.operation == .list, pthread_equal(pthread_self(), walker) != 0 { byWalker.withLock { $0.append(call.key) } }
+            return .none
+        }
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        #expect(try fs.names(in: root) == names)
+        for name in names {
+            // The walk waits for nothing here; this makes the background's progress certain.
+            fs.waitForListingsAhead()
+            let directory = try fs.lookup(parent: root, name: name)
+            #expect(try fs.names(in: directory.inode) == ["f"])
+        }
+        #expect(byWalker.withLock { $0 } == [""], "listed by the walk itself: \(byWalker.withLock { $0.count - 1 })")
     }
 
     /// A listing fetched ahead that shows no `dir/` marker answers the marker's HEAD the
