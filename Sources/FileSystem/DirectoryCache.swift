@@ -251,7 +251,8 @@ struct DirectoryCache {
         else { return }
         let kept = journal.drop { now - $0.at > journalSeconds }.suffix(Self.journalLimit)
         let forgotten = journal[..<kept.startIndex]
-        if let last = forgotten.last { forgottenUpTo[directory] = last.count }
+        // (Never lowered: `forget` may have put older changes of other names back.)
+        if let last = forgotten.last { forgottenUpTo[directory] = max(forgottenUpTo[directory] ?? 0, last.count) }
         // An answer asked before these is `unknown` now (rule 4).
         for change in forgotten where latest[directory]?[change.name]?.count == change.count {
             latest[directory]?[change.name] = nil

@@ -121,7 +121,7 @@ extension Filesystem {
             let (contentType, metadata) = self.storedForm(of: node)
             try self.store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
         }
-        if let later = state.withLock({ $0.openFiles[inode] }), later !== spool {
+        if let later = state.withLock({ $0.openFiles[inode] }) {
             try later.uploadLock.withLock(repost)
         } else {
             try repost()

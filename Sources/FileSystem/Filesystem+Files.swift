@@ -63,7 +63,9 @@ extension Filesystem {
             return OpenResult(handle: register(.spool(open, writable: writable)), keepCache: true)
         }
         // Close-to-open: a file opened after its writer closed it shows the new content.
-        if !truncate && now() - node.confirmedAt > configuration.attributeCacheSeconds {
+        // (Not a node no name leads to, opened again through /proc/PID/fd: its old key may
+        // hold another object now.)
+        if !truncate && node.linked && now() - node.confirmedAt > configuration.attributeCacheSeconds {
             let known = node
             node = try refresh(node)
             // Another client's version: the kernel's size of the file (its attributes may be

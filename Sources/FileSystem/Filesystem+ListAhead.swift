@@ -50,9 +50,12 @@ extension Filesystem {
 
     struct AheadState {
         var slots: [ExactString: AheadSlot] = [:]
-        /// The subdirectories' entries in their parent's listing, in order.
-        var queue: [DirectoryEntry] = []
-        var next = 0
+        /// Directories waiting, as batches (one per listing that showed them, in its order), the
+        /// newest batch first: walkers go depth first, so a directory's subdirectories are read
+        /// before the rest of its siblings (subtlety 3).
+        var batches: [(entries: [DirectoryEntry], next: Int)] = []
+        /// Directories waiting in all batches.
+        var waiting = 0
         var workers = 0
         var stopped = false
         /// Listings running or fetched and not used yet (subtlety 3).
@@ -80,9 +83,37 @@ extension Filesystem {
 
         /// How many more workers may start, at most `width` in all.
         mutating func startable(width: Int) -> Int {
-            let starting = max(0, min(width - workers, queue.count - next))
+            let starting = max(0, min(width - workers, waiting))
             workers += starting
             return starting
+        }
+
+        /// The next directory waiting, newest batch first.
+        mutating func nextWaiting() -> DirectoryEntry? {
+            while let last = batches.indices.last {
+                if batches[last].next < batches[last].entries.count {
+                    defer { batches[last].next += 1 }
+                    waiting -= 1
+                    return batches[last].entries[batches[last].next]
+                }
+                batches.removeLast()
+            }
+            return nil
+        }
+
+        /// A readdir found a directory's listing still waiting: the walk is past the listings
+        /// fetched, which hold the window (a walk gone deeper than the siblings fetched ahead):
+        /// the oldest fetched one goes, so that the walk's next directories get listed.
+        mutating func makeRoom() {
+            while fetchedNext < fetched.count {
+                let (key, startedAt) = fetched[fetchedNext]
+                fetchedNext += 1
+                if case .done(let listing)? = slots[key], listing.startedAt == startedAt {
+                    slots[key] = nil
+                    held -= 1
+                    return
+                }
+            }
         }
     }
 
@@ -95,14 +126,15 @@ extension Filesystem {
         guard !directories.isEmpty else { return }
         let start: Int = listingsAhead.withLock { a in
             guard !a.stopped else { return 0 }
-            if a.next == a.queue.count {
-                a.queue.removeAll(keepingCapacity: true)
-                a.next = 0
-            }
+            var batch: [DirectoryEntry] = []
             for directory in directories
-            where a.queue.count - a.next < Self.listAheadBacklogLimit && a.slots[directory.key.exact] == nil {
+            where a.waiting + batch.count < Self.listAheadBacklogLimit && a.slots[directory.key.exact] == nil {
                 a.slots[directory.key.exact] = .queued
-                a.queue.append(directory)
+                batch.append(directory)
+            }
+            if !batch.isEmpty {
+                a.batches.append((batch, 0))
+                a.waiting += batch.count
             }
             return a.startable(width: width)
         }
@@ -119,9 +151,7 @@ extension Filesystem {
             let claimed: (DirectoryEntry, DispatchGroup)? = listingsAhead.withLock { a in
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
                 // Far enough ahead: a readdir that uses a listing starts a worker again.
-                while a.next < a.queue.count && !a.stopped && a.held < Self.listAheadWindow {
-                    let directory = a.queue[a.next]
-                    a.next += 1
+                while !a.stopped && a.held < Self.listAheadWindow, let directory = a.nextWaiting() {
                     // A readdir may have taken the directory over (subtlety 2).
                     guard case .queued? = a.slots[directory.key.exact] else { continue }
                     let group = DispatchGroup()
@@ -179,8 +209,9 @@ extension Filesystem {
     }
 
     /// A reader over the listing of `directory` fetched ahead (subtlety 1), nil when there is
-    /// none that may be used; a queued one is dropped (subtlety 2).
-    func readerFromListingAhead(_ directory: Node) -> DirectoryReader? {
+    /// none that may be used; a queued one is dropped (subtlety 2) if `dropQueued` (a readdir,
+    /// which lists by itself; a lookup asks about its name and leaves the job).
+    func readerFromListingAhead(_ directory: Node, dropQueued: Bool = true) -> DirectoryReader? {
         guard configuration.listAhead > 0 else { return nil }
         let key = directory.key.exact
         var slot = listingsAhead.withLock { $0.slots[key] }
@@ -192,11 +223,20 @@ extension Filesystem {
         switch slot {
         case .running: return nil
         case .queued:
-            listingsAhead.withLock { a in if case .queued? = a.slots[key] { a.slots[key] = nil } }
+            let now = self.now()
+            let start: Int = listingsAhead.withLock { a in
+                if dropQueued, case .queued? = a.slots[key] { a.slots[key] = nil }
+                a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
+                if a.held >= Self.listAheadWindow { a.makeRoom() }
+                return a.stopped ? 0 : a.startable(width: configuration.listAhead)
+            }
+            startListAheadWorkers(start)
             return nil
         case .done(let listing):
             let start: Int = listingsAhead.withLock { a in
-                guard case .done? = a.slots.removeValue(forKey: key) else { return 0 }
+                // (Only this listing: the slot may hold a later one of the directory by now.)
+                guard case .done(let current)? = a.slots[key], current.startedAt == listing.startedAt else { return 0 }
+                a.slots[key] = nil
                 a.held -= 1
                 return a.stopped ? 0 : a.startable(width: configuration.listAhead)
             }
@@ -220,8 +260,8 @@ extension Filesystem {
         listingsAhead.withLock { a in
             a.stopped = true
             a.slots = a.slots.filter { if case .queued = $0.value { false } else { true } }
-            a.queue.removeAll()
-            a.next = 0
+            a.batches.removeAll()
+            a.waiting = 0
         }
     }
 }

@@ -391,9 +391,17 @@ public final class Filesystem: Sendable {
     /// per name. A first lookup, or one in a directory too large to list, asks about its name only.
     /// A lookup while such a listing runs waits for it (creates from several processes in one
     /// directory share one listing).
+    /// A listing fetched ahead of a walk serves at once (rsync looks up every name of a tree
+    /// without reading its directories), and a listing made here sends the subdirectories'
+    /// listings ahead, as a readdir's does.
     /// Returns the listing, when it was asked and the change count it is current as of.
     func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64, since: UInt64)? {
         let inode = directory.inode
+        if let reader = readerFromListingAhead(directory, dropQueued: false), let entries = reader.completeEntries() {
+            let table = remember(reader, entries, for: inode)
+            listAhead(subdirectoriesOf: entries)
+            return (table, reader.askedAt, reader.startedAt)
+        }
         let now = self.now()
         enum Start {
             case list(UInt64, DispatchGroup)
@@ -434,7 +442,9 @@ public final class Filesystem: Sendable {
             }
             guard let entries = reader.completeEntries() else { return nil }
             // Changes made since the reader started are in the table (DirectoryCache rule 2).
-            return (remember(reader, entries, for: inode), reader.askedAt, reader.startedAt)
+            let table = remember(reader, entries, for: inode)
+            listAhead(subdirectoriesOf: entries)
+            return (table, reader.askedAt, reader.startedAt)
         }
     }
 
@@ -502,6 +512,12 @@ public final class Filesystem: Sendable {
         if let since, s.inodes.child(parent, entry.name)?.kind != entry.kind {
             switch s.directories.changeSince(parent, entry.name, count: since) {
             case .nothing: break
+            case .changed(let mine?) where mine.kind == entry.kind && !mine.etag.isEmpty && mine.etag == entry.etag:
+                // The answer shows the version this mount made (a HEAD after the upload).
+                break
+            case .changed(let mine?) where !Self.describesWhole(mine):
+                // A directory or a DLO (its entry says size 0): only a HEAD describes it.
+                return nil
             case .changed(let mine?):
                 // Recorded after the store acknowledged it: as of now.
                 (entry, listedAt, head) = (mine, storeClock.tick(), nil)
@@ -522,6 +538,12 @@ public final class Filesystem: Sendable {
             node.merge(entry, listedAt: listedAt, head: head, fresh: fresh, now: now())
         }
         return attributes(of: node ?? linked)
+    }
+
+    /// Whether a listing entry alone describes its object (no HEAD needed): not a directory
+    /// (attributes on its marker), not a zero-byte file (maybe a DLO manifest).
+    static func describesWhole(_ entry: DirectoryEntry) -> Bool {
+        entry.kind != .directory && !(entry.kind == .file && entry.size == 0)
     }
 
     /// The key of a listed entry below the parent's current key: a listing that started before
@@ -691,7 +713,7 @@ public final class Filesystem: Sendable {
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
                     // nil: the listing is older than a change made here (the kernel looks it up).
                     let attributes = link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
-                    return (entry.name, entry.kind, attributes)
+                    return (entry.name, attributes?.kind ?? entry.kind, attributes)
                 case .local(let name, let child):
                     return lookUpSpooled(child, in: &s).map { (name, .file, $0) }
                 }

@@ -255,6 +255,20 @@ struct DirectoryCacheTests {
         #expect(cache.changeSince(7, "later", count: cache.changeCount(7) - 1) == .changed(entry("later")))
     }
 
+    /// `forget` of one name keeps the other names' changes; pruning those later must not lower
+    /// the count below which answers are `unknown` (the forgotten name's change would be lost).
+    @Test func pruningAfterAForgetKeepsWhatTheForgetForgot() {
+        var cache = DirectoryCache(journalSeconds: 5)
+        cache.record(7, name: "x", entry: entry("x"), now: 10)
+        let answered = cache.changeCount(7)
+        cache.record(7, name: "y", entry: entry("y"), now: 10)
+        cache.forget("y", in: 7)
+        #expect(cache.changeSince(7, "y", count: answered) == .unknown)
+        cache.record(7, name: "z", entry: entry("z"), now: 30)
+        #expect(cache.changeSince(7, "y", count: answered) == .unknown)
+        #expect(!cache.remember(EntryTable([]), for: 7, now: 30, startedAt: answered, askedAt: 1).remembered)
+    }
+
     /// A journal is kept for `journalSeconds`, also in a directory nobody changes or lists
     /// again: changes elsewhere prune it (an rsync of many directories holds no journal of them
     /// all).

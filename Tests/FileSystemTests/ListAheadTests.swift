@@ -36,6 +36,17 @@ struct ListAheadTests {
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 
+    /// A store that logs the prefix of every listing the calling thread (the walk) sends.
+    func listingsByThisThread(_ fake: FakeObjectStore) -> (FaultInjectingStore, Locked<[String]>) {
+        let walker = pthread_self()
+        let byWalker = Locked<[String]>([])
+        let store = FaultInjectingStore(fake) { call in
+            if call.operation == .list, pthread_equal(pthread_self(), walker) != 0 { byWalker.withLock { $0.append(call.key) } }
+            return .none
+        }
+        return (store, byWalker)
+    }
+
     func seedTree(_ fake: FakeObjectStore) {
         for d in 1...5 {
             for f in ["a", "b"] { fake.seed("d\(d)/\(f)", text: "file \(d)\(f)") }
@@ -69,12 +80,7 @@ struct ListAheadTests {
         let count = Filesystem.listAheadWindow + 40
         let names = (1...count).map { String(format: "d%04d", $0) }
         for name in names { fake.seed(name + "/f", text: name) }
-        let walker = pthread_self()
-        let byWalker = Locked<[String]>([])
-        let store = FaultInjectingStore(fake) { call in
-            if call.operation == .list, pthread_equal(pthread_self(), walker) != 0 { byWalker.withLock { $0.append(call.key) } }
-            return .none
-        }
+        let (store, byWalker) = listingsByThisThread(fake)
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
         #expect(try fs.names(in: root) == names)
@@ -85,6 +91,53 @@ struct ListAheadTests {
             #expect(try fs.names(in: directory.inode) == ["f"])
         }
         #expect(byWalker.withLock { $0 } == [""], "listed by the walk itself: \(byWalker.withLock { $0.count - 1 })")
+    }
+
+    /// A walk goes depth first: the subdirectories of the directory it just read come before
+    /// the rest of that directory's siblings, even when listings of siblings it has not reached
+    /// fill the window (they were listed while the walk read the first one).
+    @Test func aWalkIntoADeepDirectoryIsNotStuckBehindItsSiblings() throws {
+        let fake = FakeObjectStore()
+        let children = (1...30).map { String(format: "c%02d", $0) }
+        for child in children { fake.seed("a-big/\(child)/f", text: child) }
+        for n in 1...(Filesystem.listAheadWindow + 40) { fake.seed(String(format: "s%04d/f", n), text: "s") }
+        let (store, byWalker) = listingsByThisThread(fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        _ = try fs.names(in: root)
+        fs.waitForListingsAhead()
+        let big = try fs.lookup(parent: root, name: "a-big")
+        #expect(try fs.names(in: big.inode) == children)
+        for child in children {
+            fs.waitForListingsAhead()
+            let directory = try fs.lookup(parent: big.inode, name: child)
+            #expect(try fs.names(in: directory.inode) == ["f"])
+        }
+        let listed = byWalker.withLock { $0 }.filter { $0.hasPrefix("a-big/") }
+        // The first one finds the window full of siblings' listings and makes room.
+        #expect(listed.count <= 1, "listed by the walk itself: \(listed)")
+    }
+
+    /// rsync's generator never reads the destination's directories: it looks up each name.
+    /// The listing a directory's lookups make sends its subdirectories' listings ahead too, and
+    /// a lookup in one of them takes its listing: no HEAD for the first name of each directory.
+    @Test func lookupsOfAWalkWithoutReaddirTakeTheListingsAhead() throws {
+        let fake = FakeObjectStore()
+        let directories = (1...20).map { String(format: "d%02d", $0) }
+        for d in directories {
+            for f in ["a", "b", "c"] { fake.seed("t/\(d)/\(f)", text: d + f) }
+        }
+        let (store, heads) = recordingCalls(of: .head, in: fake)
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let t = try fs.lookup(parent: root, name: "t")
+        for d in directories {
+            fs.waitForListingsAhead()
+            let directory = try fs.lookup(parent: t.inode, name: d)
+            for f in ["a", "b", "c"] { #expect(try fs.lookup(parent: directory.inode, name: f).size == 4) }
+        }
+        let headed = heads.withLock { $0 }.filter { key in !directories.prefix(2).contains { key.hasPrefix("t/\($0)/") } }
+        #expect(headed.filter { $0.hasPrefix("t/d") && $0.split(separator: "/").count == 3 } == [], "files HEADed one by one")
     }
 
     /// A listing fetched ahead that shows no `dir/` marker answers the marker's HEAD the
