@@ -6,8 +6,16 @@ import Synchronization
 /// One open directory: the listing streamed page by page as readdir asks for more.
 final class DirectoryReader: Sendable {
     let prefix: String
-    /// nil for a remembered listing, which never fetches.
-    private let store: (any ObjectStore)?
+    /// Where pages come from; nil for a listing already known, which never fetches.
+    private let source: Source?
+
+    enum Source: Sendable {
+        /// The server's delimiter listing, page by page.
+        case store(any ObjectStore)
+        /// One page holding the whole listing (made from a listing of a whole subtree,
+        /// `Filesystem+WalkListing`).
+        case page(ListPage)
+    }
     private let pageSize: Int
     /// A name never shown (the multipart parts prefix at the container root).
     private let hidden: String?
@@ -56,9 +64,23 @@ final class DirectoryReader: Sendable {
         self.removedHere = removedHere
         self.startedAt = startedAt
         self.askedAt = askedAt
-        self.store = store
+        self.source = .store(store)
         self.pageSize = pageSize
         self.hidden = hidden
+        self.prefix = prefix
+        self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix), entries: PackedEntries(prefix: prefix)))
+        isRemembered = false
+    }
+
+    /// A reader of a whole listing given as one page, in the order a delimiter listing has
+    /// (`Filesystem+WalkListing`): read as a page from the server would be.
+    init(prefix: String, page: ListPage, startedAt: UInt64, askedAt: UInt64) {
+        self.startedAt = startedAt
+        self.askedAt = askedAt
+        self.source = .page(ListPage(entries: page.entries, nextMarker: nil))
+        self.removedHere = []
+        self.pageSize = max(1, page.entries.count)
+        self.hidden = nil
         self.prefix = prefix
         self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix), entries: PackedEntries(prefix: prefix)))
         isRemembered = false
@@ -68,7 +90,7 @@ final class DirectoryReader: Sendable {
     init(prefix: String, remembered entries: PackedEntries, startedAt: UInt64, askedAt: UInt64) {
         self.startedAt = startedAt
         self.askedAt = askedAt
-        self.store = nil
+        self.source = nil
         self.removedHere = []
         self.pageSize = 0
         self.hidden = nil
@@ -86,7 +108,7 @@ final class DirectoryReader: Sendable {
     ) {
         self.startedAt = startedAt
         self.askedAt = askedAt
-        self.store = nil
+        self.source = nil
         self.removedHere = removedHere
         self.pageSize = 0
         self.hidden = nil
@@ -132,7 +154,7 @@ final class DirectoryReader: Sendable {
                 running.wait()
             case .fetch(let group):
                 defer { finishFetch(group) }
-                guard store != nil else {
+                guard source != nil else {
                     state.withLock { $0.complete = true }
                     continue
                 }
@@ -143,7 +165,7 @@ final class DirectoryReader: Sendable {
 
     /// Starts the fetch of the next page on the filesystem's pool, unless one runs already.
     private func fetchAhead(_ filesystem: Filesystem) {
-        guard store != nil else { return }
+        guard source != nil else { return }
         let group: DispatchGroup? = state.withLock { s in
             guard s.fetch == nil, !s.complete else { return nil }
             let group = DispatchGroup()
@@ -170,11 +192,14 @@ final class DirectoryReader: Sendable {
 
     /// Fetches the page after the marker and appends its entries. Only while holding `fetch`.
     private func fetchPage(_ filesystem: Filesystem) throws(FSError) {
-        guard let store else { return }
+        guard let source else { return }
         let (marker, builder) = state.withLock { s in (s.marker, s.builder) }
         let page: ListPage
         do {
-            page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+            switch source {
+            case .store(let store): page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+            case .page(let whole): page = whole
+            }
         } catch {
             throw FSError(storeError: error, operation: "readdir", path: prefix)
         }

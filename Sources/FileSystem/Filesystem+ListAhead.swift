@@ -29,7 +29,6 @@ import ObjectStore
 ///    that does not show it answers that HEAD: no marker (the layout other tools leave), one
 ///    round trip fewer per directory.
 extension Filesystem {
-    static let listAheadWindow = 256
     static let listAheadBacklogLimit = 100_000
     static let listAheadEntryLimit = 10_000
 
@@ -60,6 +59,11 @@ extension Filesystem {
         var stopped = false
         /// Listings running or fetched and not used yet (subtlety 3).
         var held = 0
+        /// The flat listing of a subtree under way, if any (`Filesystem+WalkListing`; its scan
+        /// lock is taken inside this one, never the other way).
+        var walk: WalkListing? = nil
+        /// Per directory, how many of its subdirectories' listings ahead readdirs used.
+        var hits: [ExactString: Int] = [:]
         /// The fetched ones, oldest first, with when they started (some may be used already).
         var fetched: [(key: ExactString, startedAt: Double)] = []
         var fetchedNext = 0
@@ -151,7 +155,7 @@ extension Filesystem {
             let claimed: (DirectoryEntry, DispatchGroup)? = listingsAhead.withLock { a in
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
                 // Far enough ahead: a readdir that uses a listing starts a worker again.
-                while !a.stopped && a.held < Self.listAheadWindow, let directory = a.nextWaiting() {
+                while !a.stopped && a.held < configuration.listAheadWindow, let directory = a.nextWaiting() {
                     // A readdir may have taken the directory over (subtlety 2).
                     guard case .queued? = a.slots[directory.key.exact] else { continue }
                     let group = DispatchGroup()
@@ -215,8 +219,16 @@ extension Filesystem {
         guard configuration.listAhead > 0 else { return nil }
         let key = directory.key.exact
         var slot = listingsAhead.withLock { $0.slots[key] }
-        if case .running(let group)? = slot {
-            _ = group.wait(timeout: .now() + Self.lookupListingWait)
+        // A listing under way, or a walk listing that has not reached the directory yet.
+        let deadline = DispatchTime.now() + Self.lookupListingWait
+        while true {
+            let group: DispatchGroup?
+            switch slot {
+            case .running(let running)?: group = running
+            case nil: group = listingsAhead.withLock { $0.walk }?.willCover(directory.key)
+            default: group = nil
+            }
+            guard let group, group.wait(timeout: deadline) == .success else { break }
             slot = listingsAhead.withLock { $0.slots[key] }
         }
         guard let slot else { return nil }
@@ -224,23 +236,27 @@ extension Filesystem {
         case .running: return nil
         case .queued:
             let now = self.now()
-            let start: Int = listingsAhead.withLock { a in
+            let (start, walk): (Int, WalkListing?) = listingsAhead.withLock { a in
                 if dropQueued, case .queued? = a.slots[key] { a.slots[key] = nil }
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
-                if a.held >= Self.listAheadWindow { a.makeRoom() }
-                return a.stopped ? 0 : a.startable(width: configuration.listAhead)
+                if a.held >= configuration.listAheadWindow { a.makeRoom() }
+                return a.stopped ? (0, nil) : (a.startable(width: configuration.listAhead), resumableWalk(&a))
             }
             startListAheadWorkers(start)
+            if let walk { startWalkListing(walk) }
             return nil
         case .done(let listing):
-            let start: Int = listingsAhead.withLock { a in
+            let (start, walk): (Int, WalkListing?) = listingsAhead.withLock { a in
                 // (Only this listing: the slot may hold a later one of the directory by now.)
-                guard case .done(let current)? = a.slots[key], current.startedAt == listing.startedAt else { return 0 }
+                guard case .done(let current)? = a.slots[key], current.startedAt == listing.startedAt else { return (0, nil) }
                 a.slots[key] = nil
                 a.held -= 1
-                return a.stopped ? 0 : a.startable(width: configuration.listAhead)
+                guard !a.stopped else { return (0, nil) }
+                let walk = noteListingUsed(directory.key, in: &a) ?? resumableWalk(&a)
+                return (a.startable(width: configuration.listAhead), walk)
             }
             startListAheadWorkers(start)
+            if let walk { startWalkListing(walk) }
             return state.withLock { s in
                 guard listing.generation == s.directories.generation,
                     now() - listing.startedAt <= configuration.directoryCacheSeconds
@@ -262,6 +278,7 @@ extension Filesystem {
             a.slots = a.slots.filter { if case .queued = $0.value { false } else { true } }
             a.batches.removeAll()
             a.waiting = 0
+            a.walk = nil
         }
     }
 }

@@ -131,6 +131,12 @@ public struct FilesystemConfiguration: Sendable {
     public var metadataPrefetchLimit: Int = 10_000
     /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`; 0: none).
     public var listAhead: Int = 8
+    /// Listings ahead running or fetched and not used yet, at most (`Filesystem+ListAhead`).
+    public var listAheadWindow: Int = 256
+    /// A walk is evident (`Filesystem+WalkListing`) once this many subdirectories of one
+    /// directory were read from listings ahead and at least `walkListingMinimum` more wait.
+    public var walkListingAfter: Int = 3
+    public var walkListingMinimum: Int = 16
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).

@@ -77,7 +77,7 @@ struct ListAheadTests {
     /// walk waits for a listing of its own (1 000 directories at 20 ms a request: 744 did).
     @Test func aWalkOfManyDirectoriesKeepsTheListingsAheadComing() throws {
         let fake = FakeObjectStore()
-        let count = Filesystem.listAheadWindow + 40
+        let count = FilesystemConfiguration().listAheadWindow + 40
         let names = (1...count).map { String(format: "d%04d", $0) }
         for name in names { fake.seed(name + "/f", text: name) }
         let (store, byWalker) = listingsByThisThread(fake)
@@ -100,7 +100,7 @@ struct ListAheadTests {
         let fake = FakeObjectStore()
         let children = (1...30).map { String(format: "c%02d", $0) }
         for child in children { fake.seed("a-big/\(child)/f", text: child) }
-        for n in 1...(Filesystem.listAheadWindow + 40) { fake.seed(String(format: "s%04d/f", n), text: "s") }
+        for n in 1...(FilesystemConfiguration().listAheadWindow + 40) { fake.seed(String(format: "s%04d/f", n), text: "s") }
         let (store, byWalker) = listingsByThisThread(fake)
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }

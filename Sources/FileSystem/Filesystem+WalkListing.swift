@@ -1,0 +1,276 @@
+import Dispatch
+import Locking
+import ObjectStore
+
+/// One listing of a whole subtree instead of one listing per directory (issue 21): when a walk
+/// is evident, the rest of the subtree is listed flat (no delimiter, 10 000 keys a page),
+/// and every directory in it that the pages cover whole becomes a listing fetched ahead
+/// (`Filesystem+ListAhead`), as if it had been listed by itself. A tree of 1 000 directories of
+/// 100 files costs 10 requests instead of 1 000.
+///
+/// Subtleties:
+/// 1. Evident: `walkListingAfter` subdirectories of one directory were read from listings
+///    fetched ahead, and at least `walkListingMinimum` more wait their turn. The flat listing
+///    starts after the last of them read (its key as the marker), and replaces the waiting
+///    directories' own listings.
+/// 2. A directory's listing is made from the keys below it as a delimiter listing would show
+///    them: its objects, a common prefix for each subdirectory (its `dir/` marker rolls into
+///    it), its own marker as an object. The keys of a directory are contiguous in a flat
+///    listing, so a directory is complete once a key past it comes. A directory the marker cut
+///    (the one just read, the subtree's own) is never made. Each is read by a `DirectoryReader`
+///    over that one page, so collisions and markers are resolved as for any listing.
+/// 3. The same rules as other listings ahead: usable only while nothing changed through this
+///    mount since its page was asked for (`generation`), within `dir_timeout`, at most
+///    `listAheadEntryLimit` entries. The walk pauses while `listAheadWindow` listings wait
+///    unused, and goes on as the walk uses them. A readdir of a directory the walk has not
+///    reached yet waits for its pages (at most `lookupListingWait`), then lists by itself.
+/// 4. One walk listing at a time; a failure ends it quietly (each readdir then lists by itself).
+///    Never of the container root, which holds the multipart parts.
+extension Filesystem {
+
+    /// One flat listing of a subtree under way (subtlety 1).
+    final class WalkListing: Sendable {
+        let prefix: String
+        /// Keys after this one.
+        let startMarker: String
+
+        struct OpenDirectory {
+            var prefix: String
+            var entries: [ListEntry] = []
+            var tooLarge = false
+            var askedAt: UInt64
+            var startedAt: Double
+            var generation: UInt64
+        }
+
+        struct Scan {
+            var marker: String
+            /// Directories with keys seen and maybe more to come, outermost first.
+            var open: [OpenDirectory] = []
+            /// The last key seen: directories before it are made (or were not wanted).
+            var position: String
+            var done = false
+            var running = false
+            /// The page being fetched, for readdirs that wait for it.
+            var page: DispatchGroup? = nil
+        }
+
+        let scan: Locked<Scan>
+
+        init(prefix: String, after marker: String) {
+            self.prefix = prefix
+            startMarker = marker
+            scan = Locked(Scan(marker: marker, position: marker))
+        }
+
+        /// Whether a directory at `key` will be made by a later page of this walk.
+        func willCover(_ key: String) -> DispatchGroup? {
+            scan.withLock { s in
+                guard !s.done, let page = s.page, key.utf8.starts(with: prefix.utf8),
+                    !startMarker.utf8.starts(with: key.utf8),
+                    startMarker.utf8.lexicographicallyPrecedes(key.utf8),
+                    s.position.utf8.lexicographicallyPrecedes(key.utf8)
+                        || s.open.contains(where: { $0.prefix.utf8.elementsEqual(key.utf8) })
+                else { return nil }
+                return page
+            }
+        }
+    }
+
+    /// The parent directory's key of a directory's key (`a/b/` → `a/`).
+    static func parentKey(of key: String) -> String {
+        var bytes = Array(key.utf8.dropLast())
+        while let last = bytes.last, last != UInt8(ascii: "/") { bytes.removeLast() }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Counts a listing ahead that a readdir of `key` used; starts a walk listing of its parent
+    /// when the walk is evident (subtlety 1). Under the list-ahead lock; returns the walk to run.
+    func noteListingUsed(_ key: String, in a: inout AheadState) -> WalkListing? {
+        let parent = Self.parentKey(of: key)
+        // One at a time; a paused one (its walk went elsewhere) may be replaced.
+        guard !parent.isEmpty, a.walk.map({ $0.scan.withLock { $0.done || !$0.running } }) ?? true else { return nil }
+        if a.hits.count > 1_000 { a.hits = [:] }
+        a.hits[parent.exact, default: 0] += 1
+        guard a.hits[parent.exact]! >= configuration.walkListingAfter,
+            let index = a.batches.lastIndex(where: { batch in
+                batch.entries.first.map { Self.parentKey(of: $0.key).utf8.elementsEqual(parent.utf8) } ?? false
+            }),
+            a.batches[index].entries.count - a.batches[index].next >= configuration.walkListingMinimum
+        else { return nil }
+        // The waiting siblings are the walk listing's now (their readdirs wait for its pages).
+        let batch = a.batches.remove(at: index)
+        for directory in batch.entries[batch.next...] {
+            if case .queued? = a.slots[directory.key.exact] { a.slots[directory.key.exact] = nil }
+        }
+        a.waiting -= batch.entries.count - batch.next
+        a.hits[parent.exact] = nil
+        let walk = WalkListing(prefix: parent, after: key)
+        walk.scan.withLock { $0.running = true; $0.page = DispatchGroup(); $0.page!.enter() }
+        a.walk = walk
+        logger.debug("listing '\(parent)' whole after '\(key)': a walk goes through it")
+        return walk
+    }
+
+    /// Runs `walk` on the pool (its first page's group is entered already).
+    func startWalkListing(_ walk: WalkListing) {
+        listingAhead.enter()
+        let started = pool.submit { [self] in
+            runWalkListing(walk)
+            listingAhead.leave()
+        }
+        if !started {
+            endWalkListing(walk)
+            listingAhead.leave()
+        }
+    }
+
+    private func endWalkListing(_ walk: WalkListing) {
+        let page: DispatchGroup? = walk.scan.withLock { s in
+            s.done = true
+            s.running = false
+            defer { s.page = nil }
+            return s.page
+        }
+        page?.leave()
+    }
+
+    private func runWalkListing(_ walk: WalkListing) {
+        while true {
+            let go: Bool = listingsAhead.withLock { a in
+                guard !a.stopped, a.walk === walk else { return false }
+                return true
+            }
+            guard go else { return endWalkListing(walk) }
+            let marker = walk.scan.withLock { $0.marker }
+            let generation = state.withLock { $0.directories.generation }
+            let askedAt = storeClock.tick()
+            let startedAt = now()
+            let page: ListPage
+            do {
+                page = try store.list(prefix: walk.prefix, delimiter: nil, marker: marker, limit: configuration.listPageSize)
+            } catch {
+                logger.debug("listing '\(walk.prefix)' whole failed: \(error)")
+                return endWalkListing(walk)
+            }
+            var complete: [WalkListing.OpenDirectory] = []
+            walk.scan.withLock { s in
+                for entry in page.entries {
+                    guard case .object(let summary) = entry else { continue }
+                    Self.place(summary, in: &s, below: walk.prefix, complete: &complete) {
+                        WalkListing.OpenDirectory(prefix: $0, askedAt: askedAt, startedAt: startedAt, generation: generation)
+                    }
+                    s.position = summary.key
+                }
+                if let next = page.nextMarker { s.marker = next }
+                if page.nextMarker == nil || page.entries.isEmpty {
+                    complete.append(contentsOf: s.open.reversed())
+                    s.open = []
+                }
+            }
+            let made = complete.compactMap { directory in
+                directory.tooLarge || walk.startMarker.utf8.starts(with: directory.prefix.utf8) ? nil : listing(of: directory)
+            }
+            let more = page.nextMarker != nil && !page.entries.isEmpty
+            let paused: Bool = listingsAhead.withLock { a in
+                for (key, listing) in made {
+                    switch a.slots[key.exact] {
+                    case nil, .queued?:
+                        a.slots[key.exact] = .done(listing)
+                        a.fetched.append((key.exact, listing.startedAt))
+                        a.held += 1
+                    case .running?, .done?: break
+                    }
+                }
+                return a.held >= configuration.listAheadWindow
+            }
+            // The page is in: readdirs waiting for it look again (and wait for the next one).
+            let finished: DispatchGroup? = walk.scan.withLock { s in
+                let finished = s.page
+                if more && !paused {
+                    s.page = DispatchGroup()
+                    s.page!.enter()
+                } else {
+                    s.page = nil
+                    s.running = false
+                    s.done = !more
+                }
+                return finished
+            }
+            finished?.leave()
+            if !more || paused { return }
+        }
+    }
+
+    /// Starts the walk listing again if it paused and the window has room (under the list-ahead lock).
+    func resumableWalk(_ a: inout AheadState) -> WalkListing? {
+        guard let walk = a.walk, !a.stopped, a.held < configuration.listAheadWindow else { return nil }
+        let resume: Bool = walk.scan.withLock { s in
+            guard !s.done, !s.running else { return false }
+            s.running = true
+            s.page = DispatchGroup()
+            s.page!.enter()
+            return true
+        }
+        return resume ? walk : nil
+    }
+
+    /// Adds one key of a flat listing below `base` to the directories it belongs to (subtlety 2),
+    /// moving the directories it is past to `complete`.
+    private static func place(
+        _ summary: ObjectSummary, in s: inout WalkListing.Scan, below base: String,
+        complete: inout [WalkListing.OpenDirectory], open make: (String) -> WalkListing.OpenDirectory
+    ) {
+        let key = summary.key.utf8
+        while let top = s.open.last, !key.starts(with: top.prefix.utf8) {
+            complete.append(s.open.removeLast())
+        }
+        var parent = s.open.last?.prefix ?? base
+        var rest = key.dropFirst(parent.utf8.count)
+        while let slash = rest.firstIndex(of: UInt8(ascii: "/")) {
+            let directory = parent + String(decoding: rest[..<rest.index(after: slash)], as: UTF8.self)
+            if !s.open.isEmpty { append(.commonPrefix(directory), to: &s.open[s.open.count - 1]) }
+            s.open.append(make(directory))
+            parent = directory
+            rest = rest[rest.index(after: slash)...]
+        }
+        if !s.open.isEmpty { append(.object(summary), to: &s.open[s.open.count - 1]) }
+    }
+
+    private static func append(_ entry: ListEntry, to directory: inout WalkListing.OpenDirectory) {
+        guard !directory.tooLarge, directory.entries.last != entry else { return }
+        if directory.entries.count >= listAheadEntryLimit {
+            directory.tooLarge = true
+            directory.entries = []
+            return
+        }
+        directory.entries.append(entry)
+    }
+
+    /// A directory's listing made from its keys (subtlety 2); nil if reading it fails.
+    private func listing(of directory: WalkListing.OpenDirectory) -> (String, AheadListing)? {
+        let reader = DirectoryReader(
+            prefix: directory.prefix, page: ListPage(entries: directory.entries, nextMarker: nil), startedAt: 0,
+            askedAt: directory.askedAt)
+        do {
+            var index = 0
+            while true {
+                let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+                index += batch.count
+                if complete { break }
+            }
+        } catch {
+            logger.debug("a directory of a walk listing failed: \(error.message)")
+            return nil
+        }
+        guard let entries = reader.completeEntries() else { return nil }
+        if !reader.sawMarker {
+            let name = String(directory.prefix.dropLast().split(separator: "/", omittingEmptySubsequences: false).last ?? "")
+            recordPrefetched(DirectoryBuilder.directory(name, key: directory.prefix), answer: .some(nil), askedAt: directory.askedAt)
+        }
+        return (
+            directory.prefix,
+            AheadListing(entries: entries, askedAt: directory.askedAt, startedAt: directory.startedAt, generation: directory.generation)
+        )
+    }
+}

@@ -1,0 +1,105 @@
+import Foundation
+import Locking
+import Logging
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+@testable import FileSystem
+
+/// One flat listing of a subtree once a walk is evident (`Filesystem+WalkListing`).
+struct WalkListingTests {
+    let caller = Caller(uid: 1000, gid: 100)
+    let root = Filesystem.rootInode
+
+    func makeFilesystem(_ store: any ObjectStore, listAhead: Int = 8, pageSize: Int = 10_000) -> Filesystem {
+        var configuration = FilesystemConfiguration()
+        configuration.listAhead = listAhead
+        configuration.listPageSize = pageSize
+        configuration.metadataPrefetchLimit = 0
+        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-walklisting-spool-" + UUID().uuidString
+        return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+    }
+
+    /// A tree with what listings make hard: nested directories, a directory marker with
+    /// attributes, a zero-byte file beside a directory of its name, a name that sorts between a
+    /// directory and its keys (`d005.txt` before `d005/`), two spellings of one name, an empty
+    /// directory that exists only as a marker.
+    /// (More directories than are listed ahead one by one: `listAheadWindow`.)
+    static let directories = FilesystemConfiguration().listAheadWindow + 60
+
+    func seedTree(_ fake: FakeObjectStore) {
+        for n in 1...Self.directories {
+            let d = String(format: "t/d%03d", n)
+            for f in n % 10 == 0 ? ["a", "b", "c"] : ["a"] { fake.seed("\(d)/\(f)", text: "\(d)/\(f)") }
+        }
+        fake.seed("t/d005.txt", text: "beside d05")
+        fake.seed("t/d007/deep/er/leaf", text: "leaf")
+        fake.seed("t/d007/deep/x", text: "x")
+        fake.seed("t/d009/", [], contentType: StoredAttributes(mode: 0o700).contentType(base: ObjectKey.directoryContentType))
+        fake.seed("t/d011/clash", [])
+        fake.seed("t/d011/clash/inside", text: "inside")
+        fake.seed("t/d013/caf\u{E9}", text: "nfc")
+        fake.seed("t/d013/cafe\u{301}", text: "nfd")
+        fake.seed("t/d015/empty/", [], contentType: StoredAttributes(mode: 0o755).contentType(base: ObjectKey.directoryContentType))
+    }
+
+    /// What `find` sees: every directory's names and each file's size, depth first.
+    func walk(_ fs: Filesystem, _ inode: InodeNumber, _ path: String, into seen: inout [String], settle: Bool) throws {
+        if settle { fs.waitForListingsAhead() }
+        for name in try fs.names(in: inode) {
+            let attributes = try fs.lookup(parent: inode, name: name)
+            seen.append("\(path)/\(name) \(attributes.kind) \(attributes.kind == .directory ? 0 : attributes.size) \(String(attributes.permissions, radix: 8))")
+            if attributes.kind == .directory { try walk(fs, attributes.inode, path + "/" + name, into: &seen, settle: settle) }
+        }
+    }
+
+    /// The walk shows exactly what a mount without any listing ahead shows, with a few flat
+    /// pages instead of a listing per directory; in pages of 7 keys too.
+    @Test(arguments: [10_000, 7])
+    func aWalkListingShowsWhatEachDirectorysListingShows(pageSize: Int) throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        let reference = makeFilesystem(fake, listAhead: 0)
+        defer { reference.shutdown() }
+        var expected: [String] = []
+        try walk(reference, root, "", into: &expected, settle: false)
+        let (store, lists) = recordingCalls(of: .list, in: fake)
+        let fs = makeFilesystem(store, pageSize: pageSize)
+        defer { fs.shutdown() }
+        var seen: [String] = []
+        try walk(fs, root, "", into: &seen, settle: true)
+        // (The same names; their order may differ, as it may between any two listings.)
+        #expect(seen.sorted() == expected.sorted())
+        #expect(expected.count > 2 * Self.directories)
+        let listed = lists.withLock { $0 }
+        let perDirectory = listed.filter { $0.hasPrefix("t/d") }
+        // The first directories of t/ are listed ahead one by one, then t/ is listed whole.
+        #expect(listed.filter { $0 == "t/" }.count >= 2)
+        #expect(perDirectory.count <= FilesystemConfiguration().listAheadWindow + 12, "\(perDirectory.count) directories listed one by one")
+    }
+
+    /// A change made here while the walk listing is under way: the directories it made before
+    /// are not used (as any listing ahead), and the walk shows the change.
+    @Test func aChangeDuringTheWalkShowsInTheWalk() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        let fs = makeFilesystem(fake)
+        defer { fs.shutdown() }
+        let t = try fs.lookup(parent: root, name: "t")
+        #expect(try fs.names(in: t.inode).count == Self.directories + 1)
+        for n in 1...6 {
+            fs.waitForListingsAhead()
+            let d = try fs.lookup(parent: t.inode, name: String(format: "d%03d", n))
+            _ = try fs.names(in: d.inode)
+        }
+        fs.waitForListingsAhead()
+        let last = Self.directories / 10 * 10
+        let changed = try fs.lookup(parent: t.inode, name: String(format: "d%03d", last))
+        _ = try fs.storeFile(changed.inode, "new", Array("new".utf8))
+        let removed = try fs.lookup(parent: t.inode, name: String(format: "d%03d", last - 10))
+        try fs.unlink(parent: removed.inode, name: "b")
+        #expect(try fs.names(in: changed.inode) == ["a", "b", "c", "new"])
+        #expect(try fs.names(in: removed.inode) == ["a", "c"])
+    }
+}
