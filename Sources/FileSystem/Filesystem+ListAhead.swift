@@ -59,6 +59,8 @@ extension Filesystem {
         var stopped = false
         /// Listings running or fetched and not used yet (subtlety 3).
         var held = 0
+        /// Entries in the fetched ones not used yet.
+        var heldEntries = 0
         /// The flat listing of a subtree under way, if any (`Filesystem+WalkListing`; its scan
         /// lock is taken inside this one, never the other way).
         var walk: WalkListing? = nil
@@ -74,15 +76,28 @@ extension Filesystem {
                 let (key, startedAt) = fetched[fetchedNext]
                 fetchedNext += 1
                 // (A later listing of the same directory has a record of its own.)
-                if case .done(let listing)? = slots[key], listing.startedAt == startedAt {
-                    slots[key] = nil
-                    held -= 1
-                }
+                _ = take(key, startedAt: startedAt)
             }
             if fetchedNext > 1_024 && fetchedNext * 2 > fetched.count {
                 fetched.removeFirst(fetchedNext)
                 fetchedNext = 0
             }
+        }
+
+        /// Keeps a fetched listing of `key` until a readdir uses it.
+        mutating func keep(_ key: ExactString, _ listing: AheadListing) {
+            slots[key] = .done(listing)
+            fetched.append((key, listing.startedAt))
+            heldEntries += listing.entries.count
+        }
+
+        /// Takes the fetched listing of `key` that started at `startedAt` out, if it is still there.
+        mutating func take(_ key: ExactString, startedAt: Double) -> Bool {
+            guard case .done(let listing)? = slots[key], listing.startedAt == startedAt else { return false }
+            slots[key] = nil
+            held -= 1
+            heldEntries -= listing.entries.count
+            return true
         }
 
         /// How many more workers may start, at most `width` in all.
@@ -112,11 +127,7 @@ extension Filesystem {
             while fetchedNext < fetched.count {
                 let (key, startedAt) = fetched[fetchedNext]
                 fetchedNext += 1
-                if case .done(let listing)? = slots[key], listing.startedAt == startedAt {
-                    slots[key] = nil
-                    held -= 1
-                    return
-                }
+                if take(key, startedAt: startedAt) { return }
             }
         }
     }
@@ -176,8 +187,7 @@ extension Filesystem {
                     return
                 }
                 if let listing {
-                    a.slots[key] = .done(listing)
-                    a.fetched.append((key, listing.startedAt))
+                    a.keep(key, listing)
                 } else {
                     a.slots[key] = nil
                     a.held -= 1
@@ -248,9 +258,7 @@ extension Filesystem {
         case .done(let listing):
             let (start, walk): (Int, WalkListing?) = listingsAhead.withLock { a in
                 // (Only this listing: the slot may hold a later one of the directory by now.)
-                guard case .done(let current)? = a.slots[key], current.startedAt == listing.startedAt else { return (0, nil) }
-                a.slots[key] = nil
-                a.held -= 1
+                guard a.take(key, startedAt: listing.startedAt) else { return (0, nil) }
                 guard !a.stopped else { return (0, nil) }
                 let walk = noteListingUsed(directory.key, in: &a) ?? resumableWalk(&a)
                 return (a.startable(width: configuration.listAhead), walk)

@@ -21,12 +21,14 @@ import ObjectStore
 ///    over that one page, so collisions and markers are resolved as for any listing.
 /// 3. The same rules as other listings ahead: usable only while nothing changed through this
 ///    mount since its page was asked for (`generation`), within `dir_timeout`, at most
-///    `listAheadEntryLimit` entries. The walk pauses while `listAheadWindow` listings wait
-///    unused, and goes on as the walk uses them. A readdir of a directory the walk has not
+///    `listAheadEntryLimit` entries. The walk listing pauses while listings of
+///    `walkAheadEntries` entries (or 4 windows of directories) wait unused, and goes on as the
+///    walk uses them. A readdir of a directory the walk has not
 ///    reached yet waits for its pages (at most `lookupListingWait`), then lists by itself.
 /// 4. One walk listing at a time; a failure ends it quietly (each readdir then lists by itself).
 ///    Never of the container root, which holds the multipart parts.
 extension Filesystem {
+    static let walkAheadEntries = 50_000
 
     /// One flat listing of a subtree under way (subtlety 1).
     final class WalkListing: Sendable {
@@ -176,13 +178,12 @@ extension Filesystem {
                 for (key, listing) in made {
                     switch a.slots[key.exact] {
                     case nil, .queued?:
-                        a.slots[key.exact] = .done(listing)
-                        a.fetched.append((key.exact, listing.startedAt))
+                        a.keep(key.exact, listing)
                         a.held += 1
                     case .running?, .done?: break
                     }
                 }
-                return a.held >= configuration.listAheadWindow
+                return !canWalkOn(a)
             }
             // The page is in: readdirs waiting for it look again (and wait for the next one).
             let finished: DispatchGroup? = walk.scan.withLock { s in
@@ -202,9 +203,16 @@ extension Filesystem {
         }
     }
 
+    /// Whether the walk listing may fetch its next page: its directories waiting unused hold
+    /// fewer than `walkAheadEntries` entries (it runs ahead of the directories listed one by
+    /// one, which fill the window before it starts), and at most 4 windows of directories.
+    func canWalkOn(_ a: AheadState) -> Bool {
+        a.heldEntries < Self.walkAheadEntries && a.held < 4 * configuration.listAheadWindow
+    }
+
     /// Starts the walk listing again if it paused and the window has room (under the list-ahead lock).
     func resumableWalk(_ a: inout AheadState) -> WalkListing? {
-        guard let walk = a.walk, !a.stopped, a.held < configuration.listAheadWindow else { return nil }
+        guard let walk = a.walk, !a.stopped, canWalkOn(a) else { return nil }
         let resume: Bool = walk.scan.withLock { s in
             guard !s.done, !s.running else { return false }
             s.running = true
@@ -238,7 +246,14 @@ extension Filesystem {
     }
 
     private static func append(_ entry: ListEntry, to directory: inout WalkListing.OpenDirectory) {
-        guard !directory.tooLarge, directory.entries.last != entry else { return }
+        guard !directory.tooLarge else { return }
+        // A subdirectory's keys follow one another: its common prefix once. (Bytes: two
+        // spellings of "é" are two directories, which String's == would take for one.)
+        if case .commonPrefix(let new) = entry, case .commonPrefix(let last)? = directory.entries.last,
+            new.utf8.elementsEqual(last.utf8)
+        {
+            return
+        }
         if directory.entries.count >= listAheadEntryLimit {
             directory.tooLarge = true
             directory.entries = []

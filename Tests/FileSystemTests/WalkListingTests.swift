@@ -23,8 +23,9 @@ struct WalkListingTests {
 
     /// A tree with what listings make hard: nested directories, a directory marker with
     /// attributes, a zero-byte file beside a directory of its name, a name that sorts between a
-    /// directory and its keys (`d005.txt` before `d005/`), two spellings of one name, an empty
-    /// directory that exists only as a marker.
+    /// directory and its keys (`d305.txt` before `d305/`), two spellings of one name (files, and
+    /// directories), an empty
+    /// directory that exists only as a marker; all past the directories listed one by one.
     /// (More directories than are listed ahead one by one: `listAheadWindow`.)
     static let directories = FilesystemConfiguration().listAheadWindow + 60
 
@@ -33,15 +34,17 @@ struct WalkListingTests {
             let d = String(format: "t/d%03d", n)
             for f in n % 10 == 0 ? ["a", "b", "c"] : ["a"] { fake.seed("\(d)/\(f)", text: "\(d)/\(f)") }
         }
-        fake.seed("t/d005.txt", text: "beside d05")
-        fake.seed("t/d007/deep/er/leaf", text: "leaf")
-        fake.seed("t/d007/deep/x", text: "x")
-        fake.seed("t/d009/", [], contentType: StoredAttributes(mode: 0o700).contentType(base: ObjectKey.directoryContentType))
-        fake.seed("t/d011/clash", [])
-        fake.seed("t/d011/clash/inside", text: "inside")
-        fake.seed("t/d013/caf\u{E9}", text: "nfc")
-        fake.seed("t/d013/cafe\u{301}", text: "nfd")
-        fake.seed("t/d015/empty/", [], contentType: StoredAttributes(mode: 0o755).contentType(base: ObjectKey.directoryContentType))
+        fake.seed("t/d305.txt", text: "beside d05")
+        fake.seed("t/d307/deep/er/leaf", text: "leaf")
+        fake.seed("t/d307/deep/x", text: "x")
+        fake.seed("t/d309/", [], contentType: StoredAttributes(mode: 0o700).contentType(base: ObjectKey.directoryContentType))
+        fake.seed("t/d311/clash", [])
+        fake.seed("t/d311/clash/inside", text: "inside")
+        fake.seed("t/d313/caf\u{E9}", text: "nfc")
+        fake.seed("t/d313/cafe\u{301}", text: "nfd")
+        fake.seed("t/d317/caf\u{E9}/in", text: "nfc directory")
+        fake.seed("t/d317/cafe\u{301}/in", text: "nfd directory")
+        fake.seed("t/d315/empty/", [], contentType: StoredAttributes(mode: 0o755).contentType(base: ObjectKey.directoryContentType))
     }
 
     /// What `find` sees: every directory's names and each file's size, depth first.
@@ -87,7 +90,7 @@ struct WalkListingTests {
         let fs = makeFilesystem(fake)
         defer { fs.shutdown() }
         let t = try fs.lookup(parent: root, name: "t")
-        #expect(try fs.names(in: t.inode).count == Self.directories + 1)
+        #expect(try fs.names(in: t.inode).count == Self.directories + 2, "d305.txt and d317 besides")
         for n in 1...6 {
             fs.waitForListingsAhead()
             let d = try fs.lookup(parent: t.inode, name: String(format: "d%03d", n))
