@@ -98,10 +98,11 @@ struct DirectoryBuilder {
     }
 
     static func file(_ name: String, _ summary: ObjectSummary) -> DirectoryEntry {
-        let base = StoredAttributes.parse(contentType: summary.contentType).base
+        let parsed = StoredAttributes.parse(contentType: summary.contentType)
         return DirectoryEntry(
-            name: name, kind: NodeKind.of(baseContentType: base), key: summary.key, size: summary.size, etag: summary.etag,
-            lastModified: Timestamp(summary.lastModified), contentType: summary.contentType)
+            name: name, kind: NodeKind.of(baseContentType: parsed.base), key: summary.key, size: summary.size,
+            etag: summary.etag, lastModified: Timestamp(summary.lastModified), contentType: summary.contentType,
+            knownParse: parsed)
     }
 
     static func directory(_ name: String, key: String) -> DirectoryEntry {

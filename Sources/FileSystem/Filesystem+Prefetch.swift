@@ -76,16 +76,20 @@ extension Filesystem {
         switch entry.kind {
         case .directory: return true
         case .symlink, .fifo, .socket: return false
-        case .file: return entry.size == 0 || StoredAttributes.parse(contentType: entry.contentType).attributes.mtime == nil
+        case .file: return entry.size == 0 || entry.parsedContentType.attributes.mtime == nil
         }
     }
 
     /// Queues HEADs for the entries of a listing of `parent` that need one and have no answer yet.
-    func prefetchMetadata(of entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
+    func prefetchMetadata(of entries: PackedEntries, in parent: InodeNumber) {
+        guard configuration.metadataPrefetchLimit > 0 else { return }
+        prefetchMetadata(wanted: entries.indices.filter(entries.needsMetadata).map { entries[$0] }, in: parent)
+    }
+
+    private func prefetchMetadata(wanted: [DirectoryEntry], in parent: InodeNumber) {
         let limit = configuration.metadataPrefetchLimit
         guard limit > 0 else { return }
         let now = self.now()
-        let wanted = entries.lazy.filter(Self.needsMetadata)
         guard !wanted.isEmpty else { return }
         let targets: [ExactString: InodeNumber] = state.withLock { s in
             var targets: [ExactString: InodeNumber] = [:]

@@ -127,7 +127,7 @@ extension Node {
                     return
                 }
                 admit(askedAt: listedAt, newer: verdict.newer)
-                let parsed = StoredAttributes.parse(contentType: entry.contentType)
+                let parsed = entry.parsedContentType
                 // The version the node describes already (a HEAD's whole-second time agrees with
                 // the listing's): its time stays, and so do attributes a HEAD read from metadata
                 // headers. A time that changes under the kernel makes it drop its page cache.

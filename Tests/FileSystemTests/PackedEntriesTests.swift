@@ -48,6 +48,17 @@ struct PackedEntriesTests {
         }
         let kept = packed.filter { $0.kind == .directory }
         #expect(Array(kept) == entries.filter { $0.kind == .directory })
+        for index in packed.indices {
+            let entry = packed[index]
+            let (base, attributes) = StoredAttributes.parse(contentType: entry.contentType)
+            guard entry.parsedContentType.base == base && entry.parsedContentType.attributes == attributes else {
+                Issue.record("entry \(index): known parse \(entry.parsedContentType) of \(entry.contentType)")
+                return
+            }
+        }
+        let needing = packed.indices.filter(packed.needsMetadata)
+        #expect(needing == entries.indices.filter { Filesystem.needsMetadata(entries[$0]) })
+        #expect(!needing.isEmpty && needing.count < entries.count)
     }
 
     /// A listing of other tools' objects (MD5 ETags, one content type) and one of csspfs's own
