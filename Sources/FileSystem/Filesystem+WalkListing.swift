@@ -137,23 +137,66 @@ extension Filesystem {
         page?.leave()
     }
 
+    /// A page of a walk listing and when it was asked for (nil page: the request failed).
+    private struct WalkPage {
+        var page: ListPage?
+        var generation: UInt64
+        var askedAt: UInt64
+        var startedAt: Double
+    }
+
+    private func fetchWalkPage(_ walk: WalkListing, after marker: String) -> WalkPage {
+        let generation = state.withLock { $0.directories.generation }
+        let askedAt = storeClock.tick()
+        let startedAt = now()
+        do {
+            let page = try store.list(prefix: walk.prefix, delimiter: nil, marker: marker, limit: configuration.listPageSize)
+            return WalkPage(page: page, generation: generation, askedAt: askedAt, startedAt: startedAt)
+        } catch {
+            logger.debug("listing '\(walk.prefix)' whole failed: \(error)")
+            return WalkPage(page: nil, generation: generation, askedAt: askedAt, startedAt: startedAt)
+        }
+    }
+
+    /// `fetchWalkPage` on the pool; the returned function waits for it.
+    private func fetchWalkPageAhead(_ walk: WalkListing, after marker: String) -> () -> WalkPage {
+        let result = Locked<WalkPage?>(nil)
+        let group = DispatchGroup()
+        group.enter()
+        let started = pool.submit { [self] in
+            let page = fetchWalkPage(walk, after: marker)
+            result.withLock { $0 = page }
+            group.leave()
+        }
+        if !started {
+            result.withLock { $0 = WalkPage(page: nil, generation: 0, askedAt: 0, startedAt: 0) }
+            group.leave()
+        }
+        return {
+            group.wait()
+            return result.withLock { $0! }
+        }
+    }
+
     private func runWalkListing(_ walk: WalkListing) {
+        // The next page, asked for while this one is placed and read: the server lists and the
+        // daemon reads at once.
+        var asked: (() -> WalkPage)? = nil
         while true {
             let go: Bool = listingsAhead.withLock { a in
                 guard !a.stopped, a.walk === walk else { return false }
                 return true
             }
-            guard go else { return endWalkListing(walk) }
-            let marker = walk.scan.withLock { $0.marker }
-            let generation = state.withLock { $0.directories.generation }
-            let askedAt = storeClock.tick()
-            let startedAt = now()
-            let page: ListPage
-            do {
-                page = try store.list(prefix: walk.prefix, delimiter: nil, marker: marker, limit: configuration.listPageSize)
-            } catch {
-                logger.debug("listing '\(walk.prefix)' whole failed: \(error)")
+            guard go else {
+                _ = asked?()
                 return endWalkListing(walk)
+            }
+            let fetched = asked?() ?? fetchWalkPage(walk, after: walk.scan.withLock { $0.marker })
+            asked = nil
+            guard let page = fetched.page else { return endWalkListing(walk) }
+            let (generation, askedAt, startedAt) = (fetched.generation, fetched.askedAt, fetched.startedAt)
+            if let next = page.nextMarker, !page.entries.isEmpty, listingsAhead.withLock({ canWalkOn($0) }) {
+                asked = fetchWalkPageAhead(walk, after: next)
             }
             var complete: [WalkListing.OpenDirectory] = []
             walk.scan.withLock { s in
@@ -199,7 +242,11 @@ extension Filesystem {
                 return finished
             }
             finished?.leave()
-            if !more || paused { return }
+            if !more || paused {
+                // (A page asked for ahead is asked again when the walk listing goes on.)
+                _ = asked?()
+                return
+            }
         }
     }
 
