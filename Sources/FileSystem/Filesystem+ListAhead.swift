@@ -231,11 +231,23 @@ extension Filesystem {
         var slot = listingsAhead.withLock { $0.slots[key] }
         // A listing under way, or a walk listing that has not reached the directory yet.
         let deadline = DispatchTime.now() + Self.lookupListingWait
+        var waitedForWalk = false
         while true {
             let group: DispatchGroup?
             switch slot {
             case .running(let running)?: group = running
-            case nil: group = listingsAhead.withLock { $0.walk }?.willCover(directory.key)
+            case nil:
+                // The slot and the walk listing in one look: its page may have just filled it.
+                let (current, walkPage) = listingsAhead.withLock { a in
+                    (a.slots[key], a.slots[key] == nil && !waitedForWalk ? a.walk?.willCover(directory.key) : nil)
+                }
+                if current != nil {
+                    slot = current
+                    continue
+                }
+                // One page at most: a directory it does not reach is listed here.
+                waitedForWalk = true
+                group = walkPage
             default: group = nil
             }
             guard let group, group.wait(timeout: deadline) == .success else { break }

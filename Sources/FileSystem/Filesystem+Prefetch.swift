@@ -83,10 +83,11 @@ extension Filesystem {
     /// Queues HEADs for the entries of a listing of `parent` that need one and have no answer yet.
     func prefetchMetadata(of entries: PackedEntries, in parent: InodeNumber) {
         guard configuration.metadataPrefetchLimit > 0 else { return }
-        prefetchMetadata(wanted: entries.indices.filter(entries.needsMetadata).map { entries[$0] }, in: parent)
+        // (Lazily: only the entries queued are made.)
+        prefetchMetadata(wanted: entries.indices.lazy.filter(entries.needsMetadata).map { entries[$0] }, in: parent)
     }
 
-    private func prefetchMetadata(wanted: [DirectoryEntry], in parent: InodeNumber) {
+    private func prefetchMetadata(wanted: some Collection<DirectoryEntry>, in parent: InodeNumber) {
         let limit = configuration.metadataPrefetchLimit
         guard limit > 0 else { return }
         let now = self.now()

@@ -53,8 +53,10 @@ extension Filesystem {
             var position: String
             var done = false
             var running = false
-            /// The page being fetched, for readdirs that wait for it.
+            /// The page being fetched (and its directories made), for readdirs that wait for it.
             var page: DispatchGroup? = nil
+            /// Directories the page in hand completed, being made into listings.
+            var placing: [String] = []
         }
 
         let scan: Locked<Scan>
@@ -65,14 +67,17 @@ extension Filesystem {
             scan = Locked(Scan(marker: marker, position: marker))
         }
 
-        /// Whether a directory at `key` will be made by a later page of this walk.
+        /// The page a readdir of the directory at `key` may wait for: one that may reach it
+        /// (not yet seen), or the one whose directories are being made. Not one open since an
+        /// earlier page: a directory is made only once its whole subtree is listed, which a
+        /// depth-first walk reads after it.
         func willCover(_ key: String) -> DispatchGroup? {
             scan.withLock { s in
                 guard !s.done, let page = s.page, key.utf8.starts(with: prefix.utf8),
                     !startMarker.utf8.starts(with: key.utf8),
                     startMarker.utf8.lexicographicallyPrecedes(key.utf8),
                     s.position.utf8.lexicographicallyPrecedes(key.utf8)
-                        || s.open.contains(where: { $0.prefix.utf8.elementsEqual(key.utf8) })
+                        || s.placing.contains(where: { $0.utf8.elementsEqual(key.utf8) })
                 else { return nil }
                 return page
             }
@@ -100,12 +105,19 @@ extension Filesystem {
             }),
             a.batches[index].entries.count - a.batches[index].next >= configuration.walkListingMinimum
         else { return nil }
-        // The waiting siblings are the walk listing's now (their readdirs wait for its pages).
-        let batch = a.batches.remove(at: index)
-        for directory in batch.entries[batch.next...] {
+        // The waiting siblings after it are the walk listing's now (their readdirs wait for its
+        // pages); any before it (a walk in another order than the bytes') stay queued.
+        var batch = a.batches.remove(at: index)
+        let waiting = batch.entries[batch.next...]
+        let before = waiting.filter { $0.key.utf8.lexicographicallyPrecedes(key.utf8) }
+        for directory in waiting where !directory.key.utf8.lexicographicallyPrecedes(key.utf8) {
             if case .queued? = a.slots[directory.key.exact] { a.slots[directory.key.exact] = nil }
         }
-        a.waiting -= batch.entries.count - batch.next
+        a.waiting -= waiting.count - before.count
+        if !before.isEmpty {
+            batch = (Array(before), 0)
+            a.batches.insert(batch, at: index)
+        }
         a.hits[parent.exact] = nil
         let walk = WalkListing(prefix: parent, after: key)
         walk.scan.withLock { $0.running = true; $0.page = DispatchGroup(); $0.page!.enter() }
@@ -158,23 +170,42 @@ extension Filesystem {
         }
     }
 
-    /// `fetchWalkPage` on the pool; the returned function waits for it.
+    /// `fetchWalkPage` on the pool; the returned function waits for it, or fetches the page
+    /// itself if the pool has not started it (a busy pool, or one shutting down).
     private func fetchWalkPageAhead(_ walk: WalkListing, after marker: String) -> () -> WalkPage {
-        let result = Locked<WalkPage?>(nil)
-        let group = DispatchGroup()
-        group.enter()
-        let started = pool.submit { [self] in
+        enum Job {
+            case waiting
+            case running(DispatchGroup)
+            case done(WalkPage)
+            case taken
+        }
+        let job = Locked(Job.waiting)
+        _ = pool.submit { [self] in
+            let group = DispatchGroup()
+            group.enter()
+            let mine: Bool = job.withLock { j in
+                guard case .waiting = j else { return false }
+                j = .running(group)
+                return true
+            }
+            guard mine else { return group.leave() }
             let page = fetchWalkPage(walk, after: marker)
-            result.withLock { $0 = page }
+            job.withLock { $0 = .done(page) }
             group.leave()
         }
-        if !started {
-            result.withLock { $0 = WalkPage(page: nil, generation: 0, askedAt: 0, startedAt: 0) }
-            group.leave()
-        }
-        return {
-            group.wait()
-            return result.withLock { $0! }
+        return { [self] in
+            let state: Job = job.withLock { j in
+                defer { if case .waiting = j { j = .taken } }
+                return j
+            }
+            switch state {
+            case .waiting, .taken: return fetchWalkPage(walk, after: marker)
+            case .done(let page): return page
+            case .running(let group):
+                group.wait()
+                guard case .done(let page) = job.withLock({ $0 }) else { return fetchWalkPage(walk, after: marker) }
+                return page
+            }
         }
     }
 
@@ -212,13 +243,17 @@ extension Filesystem {
                     complete.append(contentsOf: s.open.reversed())
                     s.open = []
                 }
+                s.placing = complete.map(\.prefix)
             }
             let made = complete.compactMap { directory in
                 directory.tooLarge || walk.startMarker.utf8.starts(with: directory.prefix.utf8) ? nil : listing(of: directory)
             }
             let more = page.nextMarker != nil && !page.entries.isEmpty
+            let now = self.now()
             let paused: Bool = listingsAhead.withLock { a in
-                for (key, listing) in made {
+                a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
+                // (One older than dir_timeout is no use: it spent a pause open.)
+                for (key, listing) in made where now - listing.startedAt <= configuration.directoryCacheSeconds {
                     switch a.slots[key.exact] {
                     case nil, .queued?:
                         a.keep(key.exact, listing)
@@ -230,6 +265,7 @@ extension Filesystem {
             }
             // The page is in: readdirs waiting for it look again (and wait for the next one).
             let finished: DispatchGroup? = walk.scan.withLock { s in
+                s.placing = []
                 let finished = s.page
                 if more && !paused {
                     s.page = DispatchGroup()
@@ -259,6 +295,7 @@ extension Filesystem {
 
     /// Starts the walk listing again if it paused and the window has room (under the list-ahead lock).
     func resumableWalk(_ a: inout AheadState) -> WalkListing? {
+        a.expire(now: now(), maximumAge: configuration.directoryCacheSeconds)
         guard let walk = a.walk, !a.stopped, canWalkOn(a) else { return nil }
         let resume: Bool = walk.scan.withLock { s in
             guard !s.done, !s.running else { return false }
@@ -326,7 +363,7 @@ extension Filesystem {
             return nil
         }
         guard let entries = reader.completeEntries() else { return nil }
-        if !reader.sawMarker {
+        if !reader.sawMarker && now() - directory.startedAt <= configuration.directoryCacheSeconds {
             let name = String(directory.prefix.dropLast().split(separator: "/", omittingEmptySubsequences: false).last ?? "")
             recordPrefetched(DirectoryBuilder.directory(name, key: directory.prefix), answer: .some(nil), askedAt: directory.askedAt)
         }
