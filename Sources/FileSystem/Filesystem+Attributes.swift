@@ -74,17 +74,16 @@ extension Filesystem {
             // forget this one once it is settled) with the old attributes.
             forgetPrefetched(keys: [node.key])
             do throws(ObjectStoreError) {
-                try postHoldingUploads(inode) { () throws(ObjectStoreError) -> String? in
+                try postHoldingUploads(inode) { () throws(ObjectStoreError) in
                     let askedAt = storeClock.tick()
                     let info = try store.head(key: node.key)
                     guard info.etag == node.etag else {
                         // Another client's version: the rule voids what is owed on the old one.
                         state.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
-                        return nil
+                        return
                     }
                     let (contentType, metadata) = storedForm(of: node, over: info)
                     try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
-                    return info.etag
                 }
             } catch where error.code == .notFound {
                 // Deleted by another client: nothing to store them on, and the name is gone (not
@@ -101,31 +100,15 @@ extension Filesystem {
         }
     }
 
-    /// Runs `post` (a HEAD of `inode`'s object and a POST over what it said; returns the ETag it
-    /// posted over, nil when it sent no POST) so that an upload of the same file stored between
-    /// the two cannot go unnoticed. A POST replaces the object's manifest too (Swift drops one it
-    /// does not repeat), so one sent over a DLO stored after the HEAD would leave an empty object.
-    /// The upload lock of the file's spool is held throughout; an upload of a spool made
-    /// meanwhile is waited for, and if a version was stored since the HEAD, the POST is sent
-    /// again from the node, which describes that version (manifest and attributes).
-    /// Called holding the node's attribute lock (lock 1; upload locks are lock 2).
-    func postHoldingUploads(_ inode: InodeNumber, _ post: () throws(ObjectStoreError) -> String?) throws(ObjectStoreError) {
-        let spool = state.withLock { $0.openFiles[inode] }
-        let posted: String?
-        if let spool { posted = try spool.uploadLock.withLock(post) } else { posted = try post() }
-        guard let seen = posted else { return }
-        let repost = { () throws(ObjectStoreError) in
-            guard let node = self.state.withLock({ $0.inodes[inode] }), node.linked, !node.etag.isEmpty, node.etag != seen
-            else { return }
-            self.logger.debug("'\(node.key)' was stored again while its attributes were posted: posting them over the new version")
-            let (contentType, metadata) = self.storedForm(of: node)
-            try self.store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
-        }
-        if let later = state.withLock({ $0.openFiles[inode] }) {
-            try later.uploadLock.withLock(repost)
-        } else {
-            try repost()
-        }
+    /// Runs `post` (a HEAD of `inode`'s object and a POST over what it said) with no upload of
+    /// the same file under way or starting: a POST replaces the object's manifest too (Swift
+    /// drops one it does not repeat), so one sent over a DLO stored after the HEAD would leave an
+    /// empty object. Every upload (`commit`) counts itself under the file's attribute lock, which
+    /// the caller holds (lock 1): the uploads counted before are waited for, and none starts
+    /// until `post` returns.
+    func postHoldingUploads(_ inode: InodeNumber, _ post: () throws(ObjectStoreError) -> Void) throws(ObjectStoreError) {
+        state.withLock { $0.uploading[inode]?.done }?.wait()
+        try post()
     }
 
     /// Stores every owed attribute change below `prefix` (before a directory rename) or all of

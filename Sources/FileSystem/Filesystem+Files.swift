@@ -628,7 +628,40 @@ extension Filesystem {
     /// Uploads the spool (or only its metadata) if it changed since the last upload. `owed`: a
     /// retry of a failed upload, which first checks that nobody else changed the object.
     func commit(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
-        try open.uploadLock.withLock { () throws(FSError) in try commitLocked(open, owed: owed) }
+        // Counted as under way, under the file's attribute lock: an attribute HEAD + POST of it
+        // either waits for this upload or finishes before it starts (`postHoldingUploads`).
+        let inode = open.inode
+        attributeLock(inode).withLock {
+            state.withLock { s in
+                if let (count, done) = s.uploading[inode] {
+                    s.uploading[inode] = (count + 1, done)
+                } else {
+                    let done = DispatchGroup()
+                    done.enter()
+                    s.uploading[inode] = (1, done)
+                }
+            }
+        }
+        // Ended before the note's sync, which takes the attribute lock a waiting POST holds.
+        let end = { [self] in
+            let ended: DispatchGroup? = state.withLock { s in
+                guard let (count, done) = s.uploading[inode] else { return nil }
+                if count > 1 {
+                    s.uploading[inode] = (count - 1, done)
+                    return nil
+                }
+                s.uploading[inode] = nil
+                return done
+            }
+            ended?.leave()
+        }
+        do {
+            try open.uploadLock.withLock { () throws(FSError) in try commitLocked(open, owed: owed) }
+        } catch {
+            end()
+            throw error
+        }
+        end()
         syncAttributeNote(open.inode)
     }
 
@@ -913,18 +946,16 @@ extension Filesystem {
             case .file where now() - node.metadataKnownAt <= configuration.attributeCacheSeconds:
                 // Just stored or confirmed (rsync's chmod and utimes right after writing): what
                 // the POST must keep is known, no HEAD needed.
-                try postHoldingUploads(node.inode) { () throws(ObjectStoreError) -> String? in
+                try postHoldingUploads(node.inode) { () throws(ObjectStoreError) in
                     try store.post(
                         key: node.key, contentType: node.stored.contentType(base: node.baseContentType),
                         metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
-                    return node.etag
                 }
             case .file, .symlink, .fifo, .socket:
-                try postHoldingUploads(node.inode) { () throws(ObjectStoreError) -> String? in
+                try postHoldingUploads(node.inode) { () throws(ObjectStoreError) in
                     let info = try store.head(key: node.key)
                     let (contentType, metadata) = storedForm(of: node, over: info)
                     try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
-                    return info.etag
                 }
             case .directory:
                 // The root of the mount has no object to keep attributes on.

@@ -98,6 +98,9 @@ public final class Filesystem: Sendable {
         /// Spools by inode: files open for writing, and closed files whose upload is pending.
         var openFiles: [InodeNumber: SpoolFile] = [:]
         var statistics: (value: FilesystemStatistics, at: Double)?
+        /// Uploads under way per inode, with a group left when the last ends (`commit`; an
+        /// attribute POST waits for them, `postHoldingUploads`).
+        var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
 
         /// Drops the listings of directories the inode table no longer holds.
         mutating func sweep() {

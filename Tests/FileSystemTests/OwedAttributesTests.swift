@@ -100,12 +100,13 @@ struct OwedAttributesTests {
         let manifestStored = DispatchSemaphore(value: 0)
         let rewritten = DispatchGroup()
         let store = FaultInjectingStore(fake) { call in
-            // Another process rewrites the file after the HEAD, before the POST is sent: the
-            // POST waits until the rewrite's manifest is in (its close then waits for the
-            // attribute lock the POST's caller holds, so it ends after).
+            // Another process rewrites the file after the HEAD, before the POST is sent. The POST
+            // gives its upload a second to store the manifest first (it did, before uploads
+            // waited for an attribute POST under way: the POST then dropped the manifest).
             if call.operation == .post, let run = rewrite.withLock({ r in defer { r = nil }; return r }) {
-                DispatchQueue.global().async(group: rewritten) { run() }
-                manifestStored.wait()
+                rewritten.enter()
+                Thread.detachNewThread { run(); rewritten.leave() }
+                _ = manifestStored.wait(timeout: .now() + 1)
             }
             if call.operation == .putManifest { manifestStored.signal() }
             return .none
