@@ -13,8 +13,9 @@ import Glibc
 // Every lock of the FileSystem module, in the order they may be taken (a lock may be taken while
 // holding only locks above it):
 //   1. `attributeLocks[inode % 64]` (SerialLock): serialises one node's attribute HEAD + POST
-//      (which take the file's upload lock inside, `postHoldingUploads`), the store of its owed
-//      attributes and its attribute note. HELD ACROSS NETWORK I/O on
+//      (which wait for the file's uploads counted in `State.uploading`, `postHoldingUploads`;
+//      `commit` counts itself under this lock), the store of its owed attributes and its
+//      attribute note. HELD ACROSS NETWORK I/O on
 //      purpose. Several are held at once only by `withAttributesHeld` (a file rename), in stripe
 //      order, before it takes upload locks.
 //   2. `SpoolFile.uploadLock` (SerialLock, one per spool): serialises the uploads of one file and
