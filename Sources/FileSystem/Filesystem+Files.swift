@@ -947,9 +947,17 @@ extension Filesystem {
                 // Just stored or confirmed (rsync's chmod and utimes right after writing): what
                 // the POST must keep is known, no HEAD needed.
                 try postHoldingUploads(node.inode) { () throws(ObjectStoreError) in
+                    // An upload that ended while this waited stored another version: its
+                    // manifest is the one to keep, which only a HEAD says for sure.
+                    let current = state.withLock { $0.inodes[node.inode] } ?? node
+                    let info = current.etag == node.etag ? nil : try store.head(key: node.key)
                     try store.post(
-                        key: node.key, contentType: node.stored.contentType(base: node.baseContentType),
-                        metadata: node.stored.metadata(mergedInto: node.extraMetadata), manifest: node.manifest)
+                        key: node.key,
+                        contentType: info.map { storedForm(of: node, over: $0).contentType }
+                            ?? node.stored.contentType(base: node.baseContentType),
+                        metadata: info.map { storedForm(of: node, over: $0).metadata }
+                            ?? node.stored.metadata(mergedInto: node.extraMetadata),
+                        manifest: info.map(\.manifest) ?? node.manifest)
                 }
             case .file, .symlink, .fifo, .socket:
                 try postHoldingUploads(node.inode) { () throws(ObjectStoreError) in
