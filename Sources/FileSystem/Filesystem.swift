@@ -279,7 +279,8 @@ public final class Filesystem: Sendable {
     /// Resolves `name` in directory `parent`; on success the kernel holds one more lookup on it.
     public func lookup(parent: InodeNumber, name: String) throws(FSError) -> Attributes {
         // An answer from before a change made here that no node remembers is asked again
-        // (DirectoryCache rule 4); the last try takes what it gets.
+        // (DirectoryCache rule 4); the last try takes what it gets, unless this mount removed the
+        // name after the answer (see `link`).
         for attempt in 1...Self.lookupAttempts {
             if let attributes = try lookupOnce(parent: parent, name: name, lastTry: attempt == Self.lookupAttempts) {
                 return attributes
@@ -384,8 +385,8 @@ public final class Filesystem: Sendable {
             case .unknown: break
             }
         }
-        return state.withLock { s in
-            self.link(entry, parent: parent, listedAt: listedAt, since: lastTry ? nil : since, head: head, fresh: fresh, in: &s)
+        return try state.withLock { s throws(FSError) in
+            try self.link(entry, parent: parent, listedAt: listedAt, since: since, lastTry: lastTry, head: head, fresh: fresh, in: &s)
         }
     }
 
@@ -508,10 +509,13 @@ public final class Filesystem: Sendable {
     /// `since`: the directory's change count when the entry was asked: a new node takes what
     /// this mount made of the name after it instead, and none is made (nil) when that was a
     /// removal or is no longer known (DirectoryCache rule 4). nil: take the entry as it is.
+    /// `lastTry` (a lookup that asked `lookupAttempts` times, each answer older than a change
+    /// here): a removal here after the answer is final (notFound), the answer is taken when the
+    /// journal forgot what came after it or when only a HEAD would describe this mount's entry.
     private func link(
         _ answer: DirectoryEntry, parent: InodeNumber, listedAt answerAskedAt: UInt64, since: UInt64?,
-        head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout State
-    ) -> Attributes? {
+        lastTry: Bool = false, head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout State
+    ) throws(FSError) -> Attributes? {
         var (entry, listedAt, head) = (answer, answerAskedAt, answerHead)
         if let since, s.inodes.child(parent, entry.name)?.kind != entry.kind {
             switch s.directories.changeSince(parent, entry.name, count: since) {
@@ -521,11 +525,15 @@ public final class Filesystem: Sendable {
                 break
             case .changed(let mine?) where !Self.describesWhole(mine):
                 // A directory or a DLO (its entry says size 0): only a HEAD describes it.
-                return nil
+                if !lastTry { return nil }
             case .changed(let mine?):
                 // Recorded after the store acknowledged it: as of now.
                 (entry, listedAt, head) = (mine, storeClock.tick(), nil)
-            case .changed(nil), .unknown: return nil
+            case .changed(nil):
+                if lastTry { throw FSError(.notFound, "'\(entry.name)' was removed here after the store answered") }
+                return nil
+            case .unknown:
+                if !lastTry { return nil }
             }
         }
         let parentKey = s.inodes[parent]?.key ?? configuration.rootPrefix
@@ -716,7 +724,7 @@ public final class Filesystem: Sendable {
                     }
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
                     // nil: the listing is older than a change made here (the kernel looks it up).
-                    let attributes = link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
+                    let attributes = try? link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
                     return (entry.name, attributes?.kind ?? entry.kind, attributes)
                 case .local(let name, let child):
                     return lookUpSpooled(child, in: &s).map { (name, .file, $0) }

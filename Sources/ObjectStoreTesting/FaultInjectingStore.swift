@@ -38,11 +38,18 @@ public final class FaultInjectingStore: ObjectStore {
     public let wrapped: any ObjectStore
     /// Protects the decision, the call counts and the failed calls (not the decision's own run).
     private let state: Locked<(decide: @Sendable (Call) -> Fault, counts: [Call.Operation: Int], injected: [Call])>
+    /// Runs after the wrapped store answered a call the decision passed, before the caller gets
+    /// the answer: what happens there happened after the store answered (a stale answer).
+    private let answered = Locked<(@Sendable (Call) -> Void)?>(nil)
 
     public init(_ wrapped: any ObjectStore, decide: @escaping @Sendable (Call) -> Fault = { _ in .none }) {
         self.wrapped = wrapped
         state = Locked((decide, [:], []))
     }
+
+    /// Runs `body` after each answer of the store, before the caller gets it (nil: nothing).
+    /// Not for GETs, whose answer is delivered while it arrives.
+    public func afterEachAnswer(_ body: (@Sendable (Call) -> Void)?) { answered.withLock { $0 = body } }
 
     /// Replaces the decision (from now on; counts keep running).
     public func inject(_ decide: @escaping @Sendable (Call) -> Fault) { state.withLock { $0.decide = decide } }
@@ -69,6 +76,10 @@ public final class FaultInjectingStore: ObjectStore {
     /// The decision runs outside the lock: a decision that waits (a slow server) must not make
     /// every other call wait too, which would turn parallel requests into serial ones.
     private func decide(_ operation: Call.Operation, _ key: String, range: ByteRange? = nil) -> Fault {
+        decideCall(operation, key, range: range).fault
+    }
+
+    private func decideCall(_ operation: Call.Operation, _ key: String, range: ByteRange? = nil) -> (fault: Fault, call: Call) {
         let (decide, call): (@Sendable (Call) -> Fault, Call) = state.withLock { s in
             let index = s.counts[operation, default: 0]
             s.counts[operation] = index + 1
@@ -76,7 +87,7 @@ public final class FaultInjectingStore: ObjectStore {
         }
         let fault = decide(call)
         if fault != .none { state.withLock { $0.injected.append(call) } }
-        return fault
+        return (fault, call)
     }
 
     private static func error(_ code: ObjectStoreError.Code, _ operation: Call.Operation, _ key: String, lost: Bool)
@@ -98,8 +109,12 @@ public final class FaultInjectingStore: ObjectStore {
     private func run<T>(_ operation: Call.Operation, _ key: String, _ body: () throws(ObjectStoreError) -> T)
         throws(ObjectStoreError) -> T
     {
-        switch decide(operation, key) {
-        case .none: return try body()
+        let (fault, call) = decideCall(operation, key)
+        switch fault {
+        case .none:
+            let answer = try body()
+            answered.withLock { $0 }?(call)
+            return answer
         case .before(let code), .halfway(let code): throw Self.error(code, operation, key, lost: false)
         case .after(let code):
             _ = try body()

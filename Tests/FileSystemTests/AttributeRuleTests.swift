@@ -1,4 +1,5 @@
 import Foundation
+import Locking
 import Logging
 import ObjectStore
 import ObjectStoreTesting
@@ -197,5 +198,44 @@ struct AttributeRuleTests {
         #expect(fs.storeOwedAttributes().isEmpty)
         #expect(store.object("f")?.metadata["mode"] == "0600")
         #expect(try fs.getattr(socket.inode).permissions == 0o600)
+    }
+
+    /// A lookup whose every answer came before this mount removed the name (another client
+    /// wrote it again in between, and this mount removed that too) asks again, and its last try
+    /// still does not bring back a name this mount removed after the answer: the store no longer
+    /// holds it (core model seed 5048, with a write-back delete that had not run yet).
+    @Test func aLookupAnsweredBeforeEachRemovalHereDoesNotBringTheNameBack() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "f", "first")
+        let faulty = FaultInjectingStore(store)
+        let fs = makeFilesystem(faulty)
+        // After each HEAD of "f" answered (that the object is there), before the lookup takes the
+        // answer: this mount removes "f", and (but the last time) another client writes it again.
+        // The clock moves past the lookups' listing window, so that each try asks with a HEAD.
+        let removals = Locked((count: 0, busy: false))
+        let clock = self.clock
+        faulty.afterEachAnswer { call in
+            guard call.operation == .head, call.key == "f" else { return }
+            let go = removals.withLock { r in
+                guard !r.busy, r.count < Filesystem.lookupAttempts else { return false }
+                r.busy = true
+                return true
+            }
+            guard go else { return }
+            clock.advance(Filesystem.lookupListingWindow + 1)
+            #expect(throws: Never.self) { try fs.unlink(parent: Filesystem.rootInode, name: "f") }
+            let count = removals.withLock { r in
+                r.count += 1
+                return r.count
+            }
+            if count < Filesystem.lookupAttempts { seedStored(store, "f", "again \(count)") }
+            clock.advance(Filesystem.lookupListingWindow + 1)
+            removals.withLock { $0.busy = false }
+        }
+        #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
+        faulty.afterEachAnswer(nil)
+        #expect(removals.withLock { $0.count } == Filesystem.lookupAttempts)
+        #expect(!store.keys.contains("f"))
+        #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
     }
 }
