@@ -81,7 +81,7 @@ let package = Package(
         .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore", "ObjectStoreTesting"]),
         .testTarget(
             name: "BlockCacheTests",
-            dependencies: ["BlockCache", "Locking", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["BlockCache", "Locking", "ObjectStoreTesting", .product(name: "Logging", package: "swift-log")]
         ),
         .testTarget(
             name: "FileSystemTests",

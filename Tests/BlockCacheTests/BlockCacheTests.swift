@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import Locking
 import Logging
 import Synchronization
@@ -39,7 +40,7 @@ struct BlockCacheTests {
     }
 
     let directory: String = {
-        let path = FileManager.default.temporaryDirectory.path + "/cssp-cache-test-" + UUID().uuidString
+        let path = TestScratch.directory + "cssp-cache-test-" + UUID().uuidString
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         return path
     }()

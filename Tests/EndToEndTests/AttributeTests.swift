@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -13,7 +14,7 @@ struct AttributeTests {
     @Test func rsyncCostsAPutACopyAndADeleteAFileAndKeepsModesAndTimes() throws {
         let scene = try Scene("rsync-requests")
         defer { scene.cleanUp() }
-        let source = NSTemporaryDirectory() + "cssp-e2e-flat-" + scene.container
+        let source = TestScratch.directory + "cssp-e2e-flat-" + scene.container
         defer { try? FileManager.default.removeItem(atPath: source) }
         let files = 40
         let made = try shell("""

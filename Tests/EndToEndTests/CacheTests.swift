@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import Testing
 
@@ -6,7 +7,7 @@ import Testing
 /// log), survival of a killed daemon, ETag revalidation, parallel readers, and the size cap.
 @Suite(.serialized)
 struct CacheMountTests {
-    let cacheDirectory = NSTemporaryDirectory() + "cssp-e2e-cache-" + UUID().uuidString.prefix(8)
+    let cacheDirectory = TestScratch.directory + "cssp-e2e-cache-" + UUID().uuidString.prefix(8)
 
     func gets(_ environment: Environment, container: String, key: String, since: Double) throws -> Int {
         try environment.requests("GET", container: container, key: key, since: since)
@@ -18,7 +19,7 @@ struct CacheMountTests {
     }
 
     func checksum(of bytes: [UInt8]) throws -> String {
-        let file = NSTemporaryDirectory() + "cssp-e2e-md5-" + UUID().uuidString.prefix(8)
+        let file = TestScratch.directory + "cssp-e2e-md5-" + UUID().uuidString.prefix(8)
         defer { try? FileManager.default.removeItem(atPath: file) }
         try Data(bytes).write(to: URL(fileURLWithPath: file))
         return try md5(file)
@@ -80,7 +81,7 @@ struct CacheMountTests {
             """
         // Each reader's count goes to its own file: four processes printing into one pipe at
         // once interleave their writes ("0\n00\n\n0\n" was seen).
-        let results = NSTemporaryDirectory() + "cssp-e2e-random-readers-" + UUID().uuidString.prefix(8)
+        let results = TestScratch.directory + "cssp-e2e-random-readers-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: results, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: results) }
         let readers = try shell(

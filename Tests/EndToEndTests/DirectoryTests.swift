@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import Testing
 
 /// Issue 24 through the real binary: directories under concurrent creates, `rewinddir`, and
@@ -100,7 +101,7 @@ struct DirectoryTests {
         """#
 
     func walkStream(_ directory: String, _ steps: [String]) throws -> [String] {
-        let script = NSTemporaryDirectory() + "cssp-e2e-stream-" + UUID().uuidString.prefix(8) + ".py"
+        let script = TestScratch.directory + "cssp-e2e-stream-" + UUID().uuidString.prefix(8) + ".py"
         try Self.stream.write(toFile: script, atomically: false, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: script) }
         let result = try shell("/usr/bin/python3 \(quoted(script)) \(quoted(directory)) " + steps.map(quoted).joined(separator: " "))

@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -72,7 +73,7 @@ struct DrainTests {
     static func plainUmountStoresWhatIsOwed(_ environment: Environment) throws {
         let faultFile = try environment.faultFile()
         let (container, store, cache) = try environment.newContainer("drain")
-        let directory = NSTemporaryDirectory() + "cssp-e2e-umount-" + container
+        let directory = TestScratch.directory + "cssp-e2e-umount-" + container
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         defer { try? FileManager.default.removeItem(atPath: cache) }

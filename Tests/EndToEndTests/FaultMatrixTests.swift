@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -40,7 +41,7 @@ struct FaultMatrixTests {
         let faultFile = try environment.faultFile()
         let (container, store, cache) = try environment.newContainer("faults")
         defer { try? FileManager.default.removeItem(atPath: cache) }
-        let local = NSTemporaryDirectory() + "cssp-e2e-faults-" + container
+        let local = TestScratch.directory + "cssp-e2e-faults-" + container
         try FileManager.default.createDirectory(atPath: local, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: local) }
         // 3 MiB per object: several ranged GETs, and more than one part's worth of resume.

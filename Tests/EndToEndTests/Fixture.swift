@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 
@@ -42,7 +43,7 @@ final class Fixture: Sendable {
         container = "e2e-" + UUID().uuidString.prefix(8).lowercased()
         let store = environment.store(container: container)
         try store.createContainer()
-        local = NSTemporaryDirectory() + "cssp-e2e-src-" + container
+        local = TestScratch.directory + "cssp-e2e-src-" + container
         let tree = local + "/tree"
         let fm = FileManager.default
         try? fm.removeItem(atPath: local)

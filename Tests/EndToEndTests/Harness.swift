@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 
 #if canImport(Glibc)
 import Glibc
@@ -53,7 +54,7 @@ struct Environment {
         let name = prefix + "-" + UUID().uuidString.prefix(6).lowercased()
         let store = store(container: name)
         try store.createContainer()
-        return (name, store, NSTemporaryDirectory() + "cssp-e2e-cache-" + name)
+        return (name, store, TestScratch.directory + "cssp-e2e-cache-" + name)
     }
 
     func store(container: String) -> HTTPObjectStore {
@@ -161,8 +162,8 @@ final class Mount {
         url: String? = nil, at existing: String? = nil
     ) throws {
         let id = UUID().uuidString.prefix(8)
-        directory = existing ?? NSTemporaryDirectory() + "cssp-e2e-mnt-" + id
-        stderrPath = NSTemporaryDirectory() + "cssp-e2e-mnt-" + id + ".stderr"
+        directory = existing ?? TestScratch.directory + "cssp-e2e-mnt-" + id
+        stderrPath = TestScratch.directory + "cssp-e2e-mnt-" + id + ".stderr"
         if existing == nil { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
         let errorFD = open(stderrPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         let nullFD = open("/dev/null", O_WRONLY | O_CLOEXEC)

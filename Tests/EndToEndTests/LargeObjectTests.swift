@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -19,7 +20,7 @@ struct LargeObjectTests {
             .deletingLastPathComponent().path
         let curl = quoted(root + "/scripts/cssp-curl")
         let base = environment.serverURL
-        let work = NSTemporaryDirectory() + "cssp-e2e-lo-" + container
+        let work = TestScratch.directory + "cssp-e2e-lo-" + container
         defer { try? FileManager.default.removeItem(atPath: work) }
         // Three 1 MiB segments (SLO) and three for a DLO, as `swift upload --use-slo -S` and
         // `swift upload -S` store them.
@@ -40,7 +41,7 @@ struct LargeObjectTests {
             """, environment: ProcessInfo.processInfo.environment)
         #expect(seed.status == 0, "\(seed.stderr)")
 
-        let cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        let cache = TestScratch.directory + "cssp-e2e-cache-" + container
         defer { try? FileManager.default.removeItem(atPath: cache) }
         let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache])
         let m = quoted(mount.directory)

@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import Testing
 
 #if canImport(Glibc)
@@ -39,7 +40,7 @@ struct PackageTests {
             #expect(stat("/etc/passwd-cssp", &st) == 0 && st.st_mode & 0o777 == 0o600, "no /etc/passwd-cssp with mode 0600")
         }
 
-        let directory = NSTemporaryDirectory() + "cssp-e2e-deb-" + UUID().uuidString.prefix(8)
+        let directory = TestScratch.directory + "cssp-e2e-deb-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let cache = directory + ".cache"

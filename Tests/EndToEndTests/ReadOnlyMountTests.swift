@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import Testing
 
 /// The real binary, mounted with FUSE on the real local server, driven by ordinary tools.
@@ -37,7 +38,7 @@ struct ReadOnlyMountTests {
     @Test func copyOutIsIdenticalToTheSource() throws {
         let fixture = try Fixture.get()
         let mount = try Mount(fixture.environment, container: fixture.container)
-        let out = NSTemporaryDirectory() + "cssp-e2e-out-" + UUID().uuidString.prefix(8)
+        let out = TestScratch.directory + "cssp-e2e-out-" + UUID().uuidString.prefix(8)
         defer { try? FileManager.default.removeItem(atPath: out) }
         let copy = try shell("mkdir -p \(quoted(out)) && cp -r \(quoted(mount.path("tree"))) \(quoted(out)) && diff -r \(quoted(fixture.local + "/tree")) \(quoted(out + "/tree"))")
         #expect(copy.status == 0, "\(copy.stdout) \(copy.stderr)")
@@ -105,7 +106,7 @@ struct ReadOnlyMountTests {
 
     @Test func backgroundModeReturnsOnlyWhenMountedAndKeepsSecretsOutOfArgv() throws {
         let fixture = try Fixture.get()
-        let directory = NSTemporaryDirectory() + "cssp-e2e-bg-" + UUID().uuidString.prefix(8)
+        let directory = TestScratch.directory + "cssp-e2e-bg-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let env = fixture.environment
@@ -130,7 +131,7 @@ struct ReadOnlyMountTests {
 @Suite(.serialized)
 struct MountFailureTests {
     func attempt(_ fixture: Fixture, url: String? = nil, options: String, environment: [String: String] = [:]) throws -> (Output, String) {
-        let directory = NSTemporaryDirectory() + "cssp-e2e-fail-" + UUID().uuidString.prefix(8)
+        let directory = TestScratch.directory + "cssp-e2e-fail-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let target = url ?? fixture.environment.serverURL + "/" + fixture.container
@@ -144,7 +145,7 @@ struct MountFailureTests {
     }
 
     func passwdFile(_ contents: String, mode: Int = 0o600) throws -> String {
-        let path = NSTemporaryDirectory() + "cssp-e2e-passwd-" + UUID().uuidString.prefix(8)
+        let path = TestScratch.directory + "cssp-e2e-passwd-" + UUID().uuidString.prefix(8)
         try contents.write(toFile: path, atomically: false, encoding: .utf8)
         try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: path)
         return path
@@ -159,7 +160,7 @@ struct MountFailureTests {
         try? FileManager.default.removeItem(atPath: cache)
         try FileManager.default.createDirectory(atPath: cache, withIntermediateDirectories: false)  // root's, 0755
         defer { try? FileManager.default.removeItem(atPath: cache) }
-        let mountpoint = NSTemporaryDirectory() + "cssp-e2e-fail-" + UUID().uuidString.prefix(8)
+        let mountpoint = TestScratch.directory + "cssp-e2e-fail-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: mountpoint, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: mountpoint) }
         // The credentials travel in the environment, never on a command line.

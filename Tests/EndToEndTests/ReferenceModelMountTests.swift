@@ -109,7 +109,7 @@ final class MountModelRun {
         container = "model-\(seed)-" + UUID().uuidString.prefix(6).lowercased()
         store = environment.store(container: container)
         try store.createContainer()
-        cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+        cache = TestScratch.directory + "cssp-e2e-cache-" + container
         mount = try Mount(environment, container: container, options: ["cache_dir=" + cache] + options)
     }
 

@@ -70,7 +70,7 @@ struct ReplacedFileTests {
     /// One fresh open, the whole file through `mmap` (of the size fstat gives), close: in a
     /// child process, since a page the daemon fails to fill is SIGBUS.
     static func mapFresh(_ path: String) -> Result<[UInt8], ReadFailure> {
-        let output = NSTemporaryDirectory() + "cssp-e2e-mapped-" + UUID().uuidString
+        let output = TestScratch.directory + "cssp-e2e-mapped-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: output) }
         let program = "import mmap, sys; f = open(sys.argv[1], 'rb'); "
             + "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); open(sys.argv[2], 'wb').write(m[:])"

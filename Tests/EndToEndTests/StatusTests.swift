@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -64,7 +65,7 @@ struct StatusTests {
         defer { try? FileManager.default.removeItem(atPath: faultFile) }
         try "PUT status=503 /\(container)/owed.txt\n".writeReplacing(file: faultFile)
         // cp checks what close returns (a shell redirection does not).
-        let source = NSTemporaryDirectory() + "cssp-e2e-" + container + ".txt"
+        let source = TestScratch.directory + "cssp-e2e-" + container + ".txt"
         try "owed\n".writeReplacing(file: source)
         defer { try? FileManager.default.removeItem(atPath: source) }
         let write = try shell("cp \(quoted(source)) \(quoted(mount.path("owed.txt")))")

@@ -13,7 +13,7 @@ import Glibc
 struct TLSTests {
     /// A CA, a certificate for 127.0.0.1 signed by it, and the relay serving it.
     final class PrivateCAEndpoint {
-        let directory = NSTemporaryDirectory() + "cssp-e2e-tls-" + UUID().uuidString.prefix(8)
+        let directory = TestScratch.directory + "cssp-e2e-tls-" + UUID().uuidString.prefix(8)
         let relay: Process
         var url = ""
         var caFile: String { directory + "/ca.pem" }

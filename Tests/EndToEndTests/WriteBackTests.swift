@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -16,7 +17,7 @@ struct WriteBackMountTests {
 
     /// A flat tree of `count` files of different sizes and modes, with fixed times.
     func makeSource(_ scene: Scene, count: Int) throws -> String {
-        let source = NSTemporaryDirectory() + "cssp-e2e-wb-" + scene.container
+        let source = TestScratch.directory + "cssp-e2e-wb-" + scene.container
         let made = try shell("""
             set -e
             mkdir -p \(quoted(source)) && cd \(quoted(source))

@@ -1,4 +1,5 @@
 import Foundation
+import ObjectStoreTesting
 import ObjectStore
 import ObjectStoreHTTP
 import Testing
@@ -18,7 +19,7 @@ struct WriteTests {
             container = "w-\(name)-" + UUID().uuidString.prefix(6).lowercased()
             store = HTTPObjectStoreHandle(environment.store(container: container))
             try store.raw.createContainer()
-            cache = NSTemporaryDirectory() + "cssp-e2e-cache-" + container
+            cache = TestScratch.directory + "cssp-e2e-cache-" + container
         }
 
         func mount(_ options: [String] = []) throws -> Mount {
@@ -103,7 +104,7 @@ struct WriteTests {
     @Test func rsyncIntoTheMountIsCompleteAndIdempotentAcrossRemounts() throws {
         let scene = try Scene("rsync")
         defer { scene.cleanUp() }
-        let source = NSTemporaryDirectory() + "cssp-e2e-tree-" + scene.container
+        let source = TestScratch.directory + "cssp-e2e-tree-" + scene.container
         defer { try? FileManager.default.removeItem(atPath: source) }
         try Self.makeTree(at: source)
         var mount = try scene.mount()
@@ -128,7 +129,7 @@ struct WriteTests {
     @Test func tarExtractsIntoAndArchivesOutOfTheMount() throws {
         let scene = try Scene("tar")
         defer { scene.cleanUp() }
-        let work = NSTemporaryDirectory() + "cssp-e2e-tar-" + scene.container
+        let work = TestScratch.directory + "cssp-e2e-tar-" + scene.container
         defer { try? FileManager.default.removeItem(atPath: work) }
         try Self.makeTree(at: work + "/src")
         let mount = try scene.mount()
@@ -152,7 +153,7 @@ struct WriteTests {
     @Test func fileOver5GiBIsStoredInHiddenPartsAndRemovedCompletely() throws {
         let scene = try Scene("big")
         defer { scene.cleanUp() }
-        let local = NSTemporaryDirectory() + "cssp-e2e-6g-" + scene.container
+        let local = TestScratch.directory + "cssp-e2e-6g-" + scene.container
         defer { try? FileManager.default.removeItem(atPath: local) }
         // 6 GiB, sparse, with random blocks at the start, across the 4 GiB and 5 GiB marks, and at the end.
         let make = try shell("""
@@ -182,7 +183,7 @@ struct WriteTests {
     @Test func randomWritesAppendsTruncatesAndEditsMatchAReference() throws {
         let scene = try Scene("edit")
         defer { scene.cleanUp() }
-        let reference = NSTemporaryDirectory() + "cssp-e2e-ref-" + scene.container
+        let reference = TestScratch.directory + "cssp-e2e-ref-" + scene.container
         defer { try? FileManager.default.removeItem(atPath: reference) }
         var mount = try scene.mount()
         // The same operations on a local file and on the mount, by a real program.
@@ -421,7 +422,7 @@ struct MountHelperTests {
     @Test func mountTypeCsspAndAnFstabLineMountAndUnmountCleanly() throws {
         let fixture = try Fixture.get()
         let env = fixture.environment
-        let directory = NSTemporaryDirectory() + "cssp-e2e-helper-" + UUID().uuidString.prefix(8)
+        let directory = TestScratch.directory + "cssp-e2e-helper-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let url = env.serverURL + "/" + fixture.container

@@ -13,12 +13,12 @@ import Testing
 /// reused across "mounts" (Filesystem instances sharing a cache file), and that bytes are right.
 struct FilesystemCacheTests {
     static let block = 64 << 10
-    let cachePath = NSTemporaryDirectory() + "cssp-unit-cache-" + UUID().uuidString + "/blocks.db"
+    let cachePath = TestScratch.directory + "cssp-unit-cache-" + UUID().uuidString + "/blocks.db"
 
     func makeFilesystem(_ store: any ObjectStore, capacity: Int64 = 64 << 20, budget: MemoryBudget? = nil) -> Filesystem {
         var configuration = FilesystemConfiguration()
         if let budget { configuration.memoryBudget = budget }
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         configuration.readFetchSize = 4 * Self.block
         configuration.randomFetchSize = 4 * Self.block
         configuration.readAheadWindow = 8 * Self.block

@@ -16,7 +16,7 @@ struct FilesystemTests {
         var configuration = FilesystemConfiguration()
         configuration.metadataPrefetchLimit = metadataPrefetch
         configuration.readOnly = readOnly
-        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         configuration.listPageSize = pageSize
         configuration.rootPrefix = rootPrefix
         configuration.readFetchSize = 1 << 16
@@ -40,7 +40,7 @@ struct FilesystemTests {
         let clock = Locked(now)
         var configuration = FilesystemConfiguration()
         configuration.clock = { clock.withLock { $0 } }
-        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
         defer { fs.shutdown() }
         try fs.storeFile(Filesystem.rootInode, "fresh", [])
@@ -62,7 +62,7 @@ struct FilesystemTests {
         let store = FakeObjectStore()
         var configuration = FilesystemConfiguration()
         configuration.attributeCacheSeconds = 0
-        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
         defer { fs.shutdown() }
         let root = Filesystem.rootInode
@@ -429,7 +429,7 @@ struct RenamedDirectoryOpenFileTests {
         configuration.writeBack = writeBack
         configuration.writeBackDelay = 3600
         configuration.pendingRetrySeconds = 3600
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-renamed-dir-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-renamed-dir-" + UUID().uuidString
         let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
         defer { fs.shutdown() }
         let a = try fs.mkdir(parent: root, name: "a", mode: 0o755, caller: caller)

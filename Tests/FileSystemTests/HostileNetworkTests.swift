@@ -32,7 +32,7 @@ struct HostileNetworkTests {
     /// stays, and the bytes are kept in `lost+found/`, not uploaded later.
     @Test func aFileWhoseWriteFailedIsNotStoredAtClose() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-hostile-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-hostile-spool-" + UUID().uuidString
         let fs = makeFilesystem(store, spool: spool)
         defer { fs.shutdown() }
         let f = try fs.storeFile(root, "f", Array("the previous version".utf8))
@@ -76,7 +76,7 @@ struct HostileNetworkTests {
             store.seed("f\(index)", bytes)
         }
         var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-hostile-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-hostile-spool-" + UUID().uuidString
         configuration.readFetchSize = 1 << 20
         configuration.readAheadWindow = 8 << 20
         let recycler = BufferRecycler(limit: 8 << 20, minimum: 256 << 10, idle: .seconds(60))
@@ -129,7 +129,7 @@ struct HostileNetworkTests {
         let files = 24, blocks = 6, threads = 4
         let blockSize = 1 << 20
         for index in 0..<files { store.seed("f\(index)", [UInt8](repeating: UInt8(index), count: blocks * blockSize)) }
-        let directory = NSTemporaryDirectory() + "cssp-hostile-" + UUID().uuidString
+        let directory = TestScratch.directory + "cssp-hostile-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var configuration = FilesystemConfiguration()
         configuration.spoolDirectory = directory + "/spool"
@@ -174,7 +174,7 @@ struct HostileNetworkTests {
     /// and SQLite for everything); reading or writing the file opens it again.
     @Test func owedFilesHoldNoDescriptor() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-hostile-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-hostile-spool-" + UUID().uuidString
         let fs = makeFilesystem(store, spool: spool)
         defer { fs.shutdown() }
         var inodes: [InodeNumber] = []

@@ -21,7 +21,7 @@ struct IntegrityTests {
     func makeFilesystem(_ store: any ObjectStore, attributeWriteDelay: Double = 1) -> Filesystem {
         var configuration = FilesystemConfiguration()
         configuration.attributeWriteDelay = attributeWriteDelay
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         configuration.listPageSize = 2
         configuration.pendingRetrySeconds = 3600
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
@@ -246,7 +246,7 @@ struct IntegrityTests {
     /// Item 9: attributes set while a failed upload is owed are stored by the next mount too.
     @Test func attributesSetWhileAnUploadIsOwedSurviveARemount() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         let fs = makeFilesystem(store, spool: spool)
         let (f, opened) = try fs.create(parent: root, name: "f", mode: 0o644, caller: caller)
         try write(fs, opened.handle, "owed bytes")
@@ -267,7 +267,7 @@ struct IntegrityTests {
     @Test(arguments: [true, false]) func anOwedUploadKeepsAnotherClientsChange(deleted: Bool) throws {
         let store = FakeObjectStore()
         store.seed("f", text: "version 1")
-        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         let fs = makeFilesystem(store, spool: spool)
         let f = try fs.lookup(parent: root, name: "f")
         let opened = try fs.open(f.inode, writable: true, truncate: true)
@@ -289,7 +289,7 @@ struct IntegrityTests {
     /// nor deleted: it is kept aside.
     @Test func unacknowledgedSpoolFilesAreKeptAsideNotDeleted() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         let crashed = makeFilesystem(store, spool: spool)
         let (_, opened) = try crashed.create(parent: root, name: "f", mode: 0o644, caller: caller)
         try write(crashed, opened.handle, "never closed")
@@ -317,7 +317,7 @@ struct IntegrityTests {
     /// later mount stores what it owed.
     @Test func aSecondMountsSpoolIsRecoveredLater() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         let first = makeFilesystem(store, spool: spool)
         let second = makeFilesystem(store, spool: spool)
         let (_, opened) = try second.create(parent: root, name: "g", mode: 0o644, caller: caller)
@@ -337,7 +337,7 @@ struct IntegrityTests {
         let fake = FakeObjectStore()
         let store = FaultInjectingStore(fake)
         var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         configuration.multipartThreshold = 64 << 10
         configuration.partSize = 16 << 10
         configuration.pendingRetrySeconds = 3600
@@ -431,7 +431,7 @@ struct IntegrityTests {
     /// is stored under the new name; no note is left naming the old one.
     @Test func anOwedFileMovesWithItsDirectory() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         let fs = makeFilesystem(store, spool: spool)
         let d = try fs.mkdir(parent: root, name: "d", mode: 0o755, caller: caller)
         let (_, opened) = try fs.create(parent: d.inode, name: "f", mode: 0o644, caller: caller)
@@ -499,7 +499,7 @@ struct IntegrityTests {
         let store = FakeObjectStore()
         func mount() -> Filesystem {
             var configuration = FilesystemConfiguration()
-            configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+            configuration.spoolDirectory = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
             configuration.multipartThreshold = 64 << 10
             configuration.partSize = 16 << 10
             return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
@@ -692,7 +692,7 @@ struct IntegrityTests {
     /// Files over 16 bytes are stored as multipart uploads of 8-byte parts.
     func multipartConfiguration() -> FilesystemConfiguration {
         var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-integrity-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-integrity-spool-" + UUID().uuidString
         configuration.multipartThreshold = 16
         configuration.partSize = 8
         return configuration

@@ -32,7 +32,7 @@ struct ListAheadTests {
         var configuration = FilesystemConfiguration()
         configuration.listAhead = listAhead
         configuration.metadataPrefetchLimit = 0
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-listahead-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-listahead-spool-" + UUID().uuidString
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 

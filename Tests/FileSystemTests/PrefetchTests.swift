@@ -13,7 +13,7 @@ struct PrefetchTests {
 
     func makeFilesystem(_ store: FakeObjectStore, limit: Int = 10_000, directorySeconds: Double = 5) -> Filesystem {
         var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = FileManager.default.temporaryDirectory.path + "/cssp-unit-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         configuration.metadataPrefetchLimit = limit
         configuration.directoryCacheSeconds = directorySeconds
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))

@@ -14,7 +14,7 @@ import Testing
 struct RecoveryTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
-    let spool = NSTemporaryDirectory() + "cssp-recovery-spool-" + UUID().uuidString
+    let spool = TestScratch.directory + "cssp-recovery-spool-" + UUID().uuidString
 
     func makeFilesystem(
         _ store: any ObjectStore, writeBack: Bool = true, readOnly: Bool = false, multipartThreshold: Int64 = 64 << 20

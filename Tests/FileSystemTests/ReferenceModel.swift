@@ -195,7 +195,7 @@ final class ReferenceModelRun {
     let store = FakeObjectStore()
     /// What the filesystem talks to: the store, failing what a fault operation asks for.
     let faulty: FaultInjectingStore
-    let spoolDirectory = NSTemporaryDirectory() + "cssp-model-spool-" + UUID().uuidString
+    let spoolDirectory = TestScratch.directory + "cssp-model-spool-" + UUID().uuidString
     let caller = Caller(uid: 1000, gid: 100)
     var configuration = FilesystemConfiguration()
     var kernel: KernelSimulator

@@ -10,7 +10,7 @@ import ObjectStoreTesting
 final class TemporaryDirectory: Sendable {
     let path: String
 
-    init(_ prefix: String) { path = NSTemporaryDirectory() + prefix + "-" + UUID().uuidString }
+    init(_ prefix: String) { path = TestScratch.directory + prefix + "-" + UUID().uuidString }
 
     /// A new path below it (not created).
     func child(_ name: String) -> String { path + "/" + name + "-" + UUID().uuidString }

@@ -79,7 +79,7 @@ struct UploadJournalTests {
     /// Once the file is large and holds mostly what is owed no more, it is replaced with what is
     /// still owed, in order (data files that are gone dropped).
     @Test func aLargeJournalIsCompactedToWhatIsStillOwed() throws {
-        let directory = NSTemporaryDirectory() + "cssp-upload-journal-" + UUID().uuidString
+        let directory = TestScratch.directory + "cssp-upload-journal-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         for name in ["kept1.data", "kept2.data", "gone.data"] {
             FileManager.default.createFile(atPath: directory + "/" + name, contents: Data())
@@ -158,7 +158,7 @@ struct UploadJournalTests {
     /// A close, chmod and rename of a queued file make no file beside its data file (a note
     /// rewritten whole made and freed an inode each time).
     @Test func writeBackNotesMakeNoFilesInTheSpool() throws {
-        let spool = NSTemporaryDirectory() + "cssp-upload-journal-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-upload-journal-spool-" + UUID().uuidString
         let fs = WriteBackDeleteTests().makeFilesystem(FakeObjectStore(), spool: spool)
         defer { fs.shutdown(deadline: 5) }
         for n in 0..<20 {
@@ -178,7 +178,7 @@ struct UploadJournalTests {
     /// A data file with a `.pending` note written by an earlier version is still stored by the
     /// next mount (and a journal note of the same data file wins over it).
     @Test func notesOfAnEarlierVersionAreStillRecovered() throws {
-        let spool = NSTemporaryDirectory() + "cssp-upload-journal-legacy-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-upload-journal-legacy-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: spool, withIntermediateDirectories: true)
         FileManager.default.createFile(atPath: spool + "/0123.data", contents: Data("old version's bytes".utf8))
         FileManager.default.createFile(atPath: spool + "/0123.pending", contents: Data(note("legacy").encoded))

@@ -17,7 +17,7 @@ struct WalkListingTests {
         configuration.listAhead = listAhead
         configuration.listPageSize = pageSize
         configuration.metadataPrefetchLimit = 0
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-walklisting-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-walklisting-spool-" + UUID().uuidString
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 

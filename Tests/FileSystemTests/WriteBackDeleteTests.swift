@@ -25,7 +25,7 @@ struct WriteBackDeleteTests {
         configuration.pendingRetrySeconds = 3600
         configuration.directoryCacheSeconds = 0
         configuration.attributeCacheSeconds = 0
-        configuration.spoolDirectory = spool ?? NSTemporaryDirectory() + "cssp-wb-delete-spool-" + UUID().uuidString
+        configuration.spoolDirectory = spool ?? TestScratch.directory + "cssp-wb-delete-spool-" + UUID().uuidString
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"), journalFile: journalFile)
     }
 
@@ -247,7 +247,7 @@ struct WriteBackDeleteTests {
         fake.seed("a", [1])
         fake.seed("b", [2])
         fake.seed("c", [3])
-        let spool = NSTemporaryDirectory() + "cssp-wb-delete-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-wb-delete-spool-" + UUID().uuidString
         // The dead mount's deletes never get through.
         let refused = FaultInjectingStore(fake) { call in
             call.operation == .delete || call.operation == .bulkDelete ? .before(.transient) : .none
@@ -358,7 +358,7 @@ struct DeleteJournalTests {
             call.operation == .delete || call.operation == .bulkDelete ? .before(.transient) : .none
         }
         let tests = WriteBackDeleteTests()
-        let spool = NSTemporaryDirectory() + "cssp-wb-delete-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-wb-delete-spool-" + UUID().uuidString
         let died = tests.makeFilesystem(refused, spool: spool, journalFile: { $0.hasSuffix("/deletes.journal") ? file as any JournalFile : DiskJournalFile(path: $0) })
         defer { died.shutdown(deadline: 5) }
         for name in ["a", "b"] {

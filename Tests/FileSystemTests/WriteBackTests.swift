@@ -28,7 +28,7 @@ struct WriteBackTests {
         configuration.writeBackDelay = 3600
         configuration.writeBackMaxBytes = maxBytes
         configuration.pendingRetrySeconds = retrySeconds
-        configuration.spoolDirectory = spool ?? NSTemporaryDirectory() + "cssp-writeback-spool-" + UUID().uuidString
+        configuration.spoolDirectory = spool ?? TestScratch.directory + "cssp-writeback-spool-" + UUID().uuidString
         return try! Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
     }
 
@@ -282,7 +282,7 @@ struct WriteBackTests {
     /// each under its last name, once.
     @Test func aMountThatDiedWithQueuedFilesLeavesThemToTheNext() throws {
         let store = FakeObjectStore()
-        let spool = NSTemporaryDirectory() + "cssp-writeback-spool-" + UUID().uuidString
+        let spool = TestScratch.directory + "cssp-writeback-spool-" + UUID().uuidString
         let died = makeFilesystem(store, spool: spool)
         _ = try writeFile(died, root, "a", "queued a")
         _ = try writeFile(died, root, ".b.tmp", "queued b")

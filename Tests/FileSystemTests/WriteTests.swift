@@ -15,7 +15,7 @@ struct FilesystemWriteTests {
     ) -> Filesystem {
         var configuration = FilesystemConfiguration()
         configuration.attributeWriteDelay = attributeWriteDelay
-        configuration.spoolDirectory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         configuration.multipartThreshold = threshold
         configuration.partSize = partSize
         configuration.pendingRetrySeconds = 0.05
@@ -125,7 +125,7 @@ struct FilesystemWriteTests {
 
     @Test func aLaterMountStoresAPendingUploadWithItsAttributes() throws {
         let store = FakeObjectStore()
-        let directory = NSTemporaryDirectory() + "cssp-unit-spool-" + UUID().uuidString
+        let directory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
         var configuration = FilesystemConfiguration()
         configuration.spoolDirectory = directory
         configuration.pendingRetrySeconds = 3600  // this process never retries: a later one must
@@ -258,7 +258,7 @@ struct EarlyPartsTests {
     @Test func aFinishedPipelineStartsNothing() throws {
         let store = FakeObjectStore()
         let pool = BackgroundPool(width: 2)
-        let path = NSTemporaryDirectory() + "cssp-early-parts-" + UUID().uuidString
+        let path = TestScratch.directory + "cssp-early-parts-" + UUID().uuidString
         defer { unlink(path) }
         #expect(FileManager.default.createFile(atPath: path, contents: Data(repeating: 7, count: 64)))
         let parts = EarlyParts(store: store, key: "f", partSize: 16, concurrency: 4, pool: pool, transfers: Transfers())
