@@ -133,6 +133,14 @@ final class DeleteQueue: Sendable {
     /// Whether nothing is owed (cheap: listings ask it first).
     var isEmpty: Bool { state.withLock { $0.byKey.isEmpty } }
 
+    /// The owed deletes of keys starting with `prefix` (the prefix itself included): the
+    /// version each removes.
+    func pendingVersions(withPrefix prefix: String) -> [ExactString: String] {
+        state.withLock { s in
+            s.byKey.isEmpty ? [:] : s.byKey.filter { $0.key.string.utf8.starts(with: prefix.utf8) }.mapValues(\.version)
+        }
+    }
+
     /// How many owed deletes are of keys starting with `prefix` (the prefix itself included).
     func pendingCount(withPrefix prefix: String) -> Int {
         state.withLock { s in

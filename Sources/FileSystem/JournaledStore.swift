@@ -19,6 +19,11 @@ import ObjectStore
 ///    newer version, which the delete will leave, shows at once.
 /// 6. What an earlier mount owed (`RecoveredWork`) is stored before its key is read, listed or
 ///    written: those names are never served in the state before the journal.
+/// 7. A delete owed when a request was sent hides its version from the answer even when it was
+///    sent meanwhile: the store may have answered before the delete reached it, and the queue
+///    forgets a key once its delete is done (core model seed 7041: a HEAD after a rename showed
+///    the old name, deleted a moment later). Listings are filtered with the deletes owed
+///    before or after each page as well.
 final class JournaledStore: ObjectStore {
     let wrapped: any ObjectStore
     let deletes: DeleteQueue
@@ -42,30 +47,35 @@ final class JournaledStore: ObjectStore {
 
     func headContainer() throws(ObjectStoreError) -> ContainerInfo { try wrapped.headContainer() }
 
-    /// Whether the listing entry is a key (or directory) whose delete is owed.
-    private func isHidden(_ entry: ListEntry) throws(ObjectStoreError) -> Bool {
+    /// Whether the listing entry is a key (or directory) whose delete is owed, or was owed when
+    /// the listing was asked for (`before`, subtlety 7).
+    private func isHidden(_ entry: ListEntry, before: [ExactString: String]) throws(ObjectStoreError) -> Bool {
         switch entry {
         case .object(let summary):
-            if ObjectKey.isDirectoryContentType(summary.contentType) && deletes.isPending(summary.key + "/") { return true }
-            return try isDeleted(summary)
+            let marker = summary.key + "/"
+            if ObjectKey.isDirectoryContentType(summary.contentType) && (before[marker.exact] != nil || deletes.isPending(marker)) {
+                return true
+            }
+            return try isDeleted(summary, before: before)
         case .commonPrefix(let prefix):
-            let owed = deletes.pendingCount(withPrefix: prefix)
+            let owed = max(deletes.pendingCount(withPrefix: prefix), before.keys.count { $0.string.utf8.starts(with: prefix.utf8) })
             guard owed > 0 else { return false }
             // Subtlety 1: anything left below it that is not owed?
             var marker: String? = nil
             repeat {
                 let page = try wrapped.list(prefix: prefix, delimiter: nil, marker: marker, limit: min(10_000, owed + 1))
-                for case .object(let summary) in page.entries where try !isDeleted(summary) { return false }
+                for case .object(let summary) in page.entries where try !isDeleted(summary, before: before) { return false }
                 marker = page.nextMarker
             } while marker != nil
             return true
         }
     }
 
-    /// Whether the listed object is a version whose delete is owed (subtlety 5): a listing that
-    /// disagrees with the version the delete names is checked with a HEAD.
-    private func isDeleted(_ summary: ObjectSummary) throws(ObjectStoreError) -> Bool {
-        guard let version = deletes.pendingVersion(summary.key) else { return false }
+    /// Whether the listed object is a version whose delete is owed (subtlety 5), or was owed
+    /// when the listing was asked for (subtlety 7): a listing that disagrees with the version the
+    /// delete names is checked with a HEAD.
+    private func isDeleted(_ summary: ObjectSummary, before: [ExactString: String]) throws(ObjectStoreError) -> Bool {
+        guard let version = deletes.pendingVersion(summary.key) ?? before[summary.key.exact] else { return false }
         if version.isEmpty || version == summary.etag { return true }
         // A DLO manifest lists with size 0: anything longer is another version.
         if version.hasPrefix(DeleteEntry.manifestTag) && summary.size > 0 { return false }
@@ -79,8 +89,9 @@ final class JournaledStore: ObjectStore {
 
     func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
         if let recovered, !recovered.isEmpty { try recovered.settle(listing: prefix, delimiter: delimiter) }
-        let owed = deletes.pendingCount(withPrefix: prefix)
-        guard owed > 0 else { return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit) }
+        let before = deletes.pendingVersions(withPrefix: prefix)
+        guard !before.isEmpty else { return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit) }
+        let owed = before.count
         // Subtlety 3: asked for enough to fill `limit` after the owed ones are left out, and for
         // more from the next page if that was not enough; what is returned stops at `limit`,
         // with the marker after the last entry returned.
@@ -89,7 +100,7 @@ final class JournaledStore: ObjectStore {
         var page = try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: ask)
         while true {
             for entry in page.entries {
-                if try !isHidden(entry) { entries.append(entry) }
+                if try !isHidden(entry, before: before) { entries.append(entry) }
                 if entries.count == limit {
                     let more = page.nextMarker != nil || entry.name != page.entries.last?.name
                     return ListPage(entries: entries, nextMarker: more ? entry.name : nil)
@@ -102,10 +113,15 @@ final class JournaledStore: ObjectStore {
 
     func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
         try recover(key)
+        // Subtlety 7: the versions owed before the request count as well as those owed after.
+        let owedBefore = deletes.isEmpty ? nil : deletes.pendingVersion(key)
+        let markerOwedBefore = deletes.isEmpty ? false : deletes.isPending(key + "/")
         let info = try wrapped.head(key: key)
-        guard !deletes.isEmpty else { return info }
-        let owed = deletes.pendingVersion(key).map { $0.isEmpty || $0 == DeleteEntry.version(etag: info.etag, manifest: info.manifest) }
-        if owed == true || (ObjectKey.isDirectoryContentType(info.contentType) && deletes.isPending(key + "/")) {
+        guard owedBefore != nil || markerOwedBefore || !deletes.isEmpty else { return info }
+        let version = DeleteEntry.version(etag: info.etag, manifest: info.manifest)
+        let owed = [owedBefore, deletes.pendingVersion(key)].contains { $0 != nil && ($0!.isEmpty || $0 == version) }
+        let markerOwed = markerOwedBefore || deletes.isPending(key + "/")
+        if owed || (ObjectKey.isDirectoryContentType(info.contentType) && markerOwed) {
             throw ObjectStoreError(.notFound, "'\(key)' is deleted (the delete is queued)", httpStatus: 404)
         }
         return info

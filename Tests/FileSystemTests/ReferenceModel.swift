@@ -226,6 +226,7 @@ final class ReferenceModelRun {
     init(seed: UInt64) throws {
         self.seed = seed
         faulty = FaultInjectingStore(store)
+        if Self.liveTrace { faulty.afterEachAnswer { call in print("  STORE \(call)") } }
         random = SeededGenerator(seed: seed)
         configuration.spoolDirectory = spoolDirectory
         configuration.uid = 0
@@ -299,7 +300,12 @@ final class ReferenceModelRun {
 
     // MARK: Running
 
+    /// `CSSP_MODEL_STORE_TRACE=1`: every operation and every store call answered (not GETs), as
+    /// they happen, on standard output (the order a timing-dependent failure needs).
+    static let liveTrace = ProcessInfo.processInfo.environment["CSSP_MODEL_STORE_TRACE"] != nil
+
     func step(_ description: String, _ body: () throws -> Void) throws {
+        if Self.liveTrace { print("OP \(description)") }
         trace.append(description)
         operations += 1
         try body()

@@ -7,6 +7,7 @@ import Testing
 /// - `CSSP_MODEL_SEEDS=N` (default 40) seeds of `CSSP_MODEL_OPS=N` (default 500) operations each;
 ///   the seeds are `CSSP_MODEL_FIRST_SEED` (default 1) on. `scripts/test --long` runs more.
 /// - `CSSP_MODEL_TRACE_FILE=P`: write each seed's trace to `P.<seed>` (to compare two runs).
+/// - `CSSP_MODEL_STORE_TRACE=1`: print each operation and each store call as it happens.
 struct ReferenceModelTests {
     static func setting(_ name: String) -> UInt64? {
         ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) }
