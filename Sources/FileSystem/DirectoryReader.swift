@@ -237,6 +237,7 @@ final class DirectoryReader: Sendable {
             s.stillListed.formUnion(lagging)
             s.marker = page.nextMarker
             s.complete = page.nextMarker == nil
+            if s.complete { s.entries.compact() }
         }
     }
 

@@ -65,7 +65,7 @@ extension Filesystem {
                         s.directories.drop(inode)
                         keys.append(String(current.key.dropLast()))
                         prefixes.append(current.key)
-                        pending += s.inodes.children(of: inode).values
+                        pending += s.inodes.children(of: inode).map(\.inode)
                     }
                 }
             }
@@ -400,7 +400,7 @@ extension Filesystem {
     /// ENOTEMPTY unless the directory holds nothing but its own marker (on the server or here).
     private func requireEmpty(_ directory: Node) throws(FSError) {
         let localChildren = state.withLock { s in
-            s.inodes.children(of: directory.inode).values.contains { s.openFiles[$0] != nil }
+            s.inodes.children(of: directory.inode).contains { s.openFiles[$0.inode] != nil }
         }
         if localChildren { throw FSError(.notEmpty, "'\(directory.key)' holds files being written") }
         let page: ListPage

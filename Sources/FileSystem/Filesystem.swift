@@ -831,11 +831,11 @@ public final class Filesystem: Sendable {
                 // A remembered listing's entries are its table's already.
                 let recorded = table?.addedHere ?? []
                 let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable.empty
-                let open = s.inodes.children(of: inode).filter { name, child in
-                    s.openFiles[child] != nil && current[name] == nil && !(table?.listed(name) ?? false)
+                let open = s.inodes.children(of: inode).filter { child in
+                    s.openFiles[child.inode] != nil && current[child.name] == nil && !(table?.listed(child.name) ?? false)
                 }
                 return recorded.map { .listed($0) }
-                    + open.sorted { $0.key < $1.key }.map { .local($0.key.string, $0.value) }
+                    + open.sorted { $0.name < $1.name }.map { .local($0.name.string, $0.inode) }
             }
         }
         let start = index - entries.count

@@ -198,7 +198,7 @@ struct InodeTable {
     static let root: InodeNumber = 1
 
     private(set) var nodes = NodeStore()
-    private var children: [InodeNumber: [ExactString: InodeNumber]] = [:]
+    private var children = ChildIndex()
     private var nextInode: InodeNumber = 2
     /// Directories dropped since the last `takeRemovedDirectories` (their listings must go too).
     private var removedDirectories: [InodeNumber] = []
@@ -213,11 +213,11 @@ struct InodeTable {
 
     /// The node `name` in `parent` leads to.
     func child(_ parent: InodeNumber, _ name: String) -> Node? {
-        children[parent]?[name.exact].flatMap { nodes[$0] }
+        children.inode(parent, name, in: nodes).flatMap { nodes[$0] }
     }
 
     /// Every name in `parent` with its node.
-    func children(of parent: InodeNumber) -> [ExactString: InodeNumber] { children[parent] ?? [:] }
+    func children(of parent: InodeNumber) -> [(name: ExactString, inode: InodeNumber)] { children.list(parent, in: nodes) }
 
     /// Changes attributes of `inode` (identity and counts stay whatever `body` does); returns the result.
     @discardableResult
@@ -250,9 +250,9 @@ struct InodeTable {
         node.pins = 0
         node.attributesOwed = false
         node.linked = true
-        unhook(parent: node.parent, name: node.name)
+        unhook(parent: node.parent, name: node.name, collectingParent: false)
         nodes[node.inode] = node
-        children[node.parent, default: [:]][node.name.exact] = node.inode
+        children.set(node.parent, node.name, node.inode, in: nodes)
         return node
     }
 
@@ -263,7 +263,7 @@ struct InodeTable {
     mutating func link(
         parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64, reserved: InodeNumber? = nil
     ) -> Node {
-        if let inode = children[parent]?[name.exact], var node = nodes[inode], node.kind == kind {
+        if let inode = children.inode(parent, name, in: nodes), var node = nodes[inode], node.kind == kind {
             node.lookups += lookups
             node.key = key
             nodes[inode] = node
@@ -277,9 +277,9 @@ struct InodeTable {
         }
         var node = Node(inode: number, parent: parent, name: name, kind: kind, key: key)
         node.lookups = lookups
-        unhook(parent: parent, name: name)
+        unhook(parent: parent, name: name, collectingParent: false)
         nodes[node.inode] = node
-        children[parent, default: [:]][name.exact] = node.inode
+        children.set(parent, name, node.inode, in: nodes)
         collectIfUnused(node.inode)
         return node
     }
@@ -341,14 +341,14 @@ struct InodeTable {
     /// The name is gone (unlink, rmdir, replaced by a rename): the node it led to lives on while the
     /// kernel or a spool holds it, reachable by inode only. Returns that node.
     @discardableResult
-    mutating func unhook(parent: InodeNumber, name: String) -> Node? {
-        guard let inode = children[parent]?[name.exact] else { return nil }
-        children[parent]![name.exact] = nil
-        if children[parent]!.isEmpty { children[parent] = nil }
+    /// `collectingParent`: false when the name is about to lead somewhere else (the directory
+    /// must not go in between, as it would if that name was all that held it).
+    mutating func unhook(parent: InodeNumber, name: String, collectingParent: Bool = true) -> Node? {
+        guard let inode = children.remove(parent, name, in: nodes) else { return nil }
         nodes[inode]?.linked = false
         let node = nodes[inode]
         collectIfUnused(inode)
-        collectIfUnused(parent)
+        if collectingParent { collectIfUnused(parent) }
         return node
     }
 
@@ -358,26 +358,30 @@ struct InodeTable {
     @discardableResult
     mutating func move(_ inode: InodeNumber, to newParent: InodeNumber, name: String, key: String) -> [InodeNumber] {
         guard var node = nodes[inode] else { return [] }
-        if children[node.parent]?[node.name.exact] == inode {
-            children[node.parent]![node.name.exact] = nil
-            if children[node.parent]!.isEmpty { children[node.parent] = nil }
-        }
-        if children[newParent]?[name.exact] != inode { unhook(parent: newParent, name: name) }
+        if children.inode(node.parent, node.name, in: nodes) == inode { children.remove(node.parent, node.name, in: nodes) }
+        if children.inode(newParent, name, in: nodes) != inode { unhook(parent: newParent, name: name, collectingParent: false) }
         let oldParent = node.parent
         let oldKey = node.key
+        // The descendants and their keys before the move (a file's key below its directory's
+        // is made from it when read: NodeStore), shortest first, so that a directory has its new
+        // key before the files in it get theirs.
+        var descendants: [(inode: InodeNumber, key: String)] = []
+        if node.kind == .directory && !oldKey.isSameKey(as: key) {
+            for (other, descendant) in nodes where other != inode && descendant.key.utf8.starts(with: oldKey.utf8) {
+                descendants.append((other, descendant.key))
+            }
+            descendants.sort { $0.key.utf8.count < $1.key.utf8.count }
+        }
         node.parent = newParent
         node.name = name
         node.key = key
         node.linked = true
         nodes[inode] = node
-        children[newParent, default: [:]][name.exact] = inode
+        children.set(newParent, name, inode, in: nodes)
         var moved = [inode]
-        if node.kind == .directory && !oldKey.isSameKey(as: key) {
-            for (other, var descendant) in nodes where other != inode && descendant.key.utf8.starts(with: oldKey.utf8) {
-                descendant.key = key + String(descendant.key.utf8.dropFirst(oldKey.utf8.count))!
-                nodes[other] = descendant
-                moved.append(other)
-            }
+        for (other, oldDescendantKey) in descendants {
+            nodes[other]?.key = key + String(oldDescendantKey.utf8.dropFirst(oldKey.utf8.count))!
+            moved.append(other)
         }
         collectIfUnused(oldParent)
         return moved
@@ -391,62 +395,136 @@ struct InodeTable {
 
     /// Rule 1, the only place a node is dropped.
     private mutating func collectIfUnused(_ inode: InodeNumber) {
-        guard inode != Self.root, let node = nodes[inode], node.lookups == 0, node.pins == 0,
-            children[inode]?.isEmpty ?? true
+        guard inode != Self.root, let node = nodes[inode], node.lookups == 0, node.pins == 0, children.isEmpty(inode)
         else { return }
+        // Out of its directory's table first: the table reads the names of the nodes in it.
+        let wasLinked = children.inode(node.parent, node.name, in: nodes) == inode
+        if wasLinked { children.remove(node.parent, node.name, in: nodes) }
         nodes[inode] = nil
-        children[inode] = nil
         if node.kind == .directory { removedDirectories.append(inode) }
-        if children[node.parent]?[node.name.exact] == inode {
-            children[node.parent]![node.name.exact] = nil
-            if children[node.parent]!.isEmpty { children[node.parent] = nil }
-            collectIfUnused(node.parent)
-        }
+        if wasLinked { collectIfUnused(node.parent) }
     }
 }
 
 /// Nodes by inode number: slots in chunks of `chunkSize` (a freed slot is reused) and a table
-/// from inode numbers to slots. As a dictionary of 296-byte nodes, 200 000 nodes took 159 MiB
-/// (its load factor and doubling; heaptrack); as one array of slots, the array's doubling held
-/// up to twice the nodes' size (41 MiB at 100 000 nodes of 208 bytes, heaptrack); a chunk is
-/// allocated whole, once, so at most one chunk is spare. The table's slots are 4 bytes.
+/// from inode numbers to slots (`SlotIndex`). As a dictionary of 296-byte nodes, 200 000 nodes
+/// took 159 MiB (its load factor and doubling; heaptrack); as one array of slots, the array's
+/// doubling held up to twice the nodes' size (41 MiB at 100 000 nodes of 208 bytes, heaptrack);
+/// a chunk is allocated whole, once, so at most one chunk is spare.
+///
+/// A node like most (no rare field set, an MD5 ETag or none, times in nanoseconds, small
+/// counts) is kept as a `ThinNode`, about half a `Node`, and a file's key is not kept when it is
+/// its parent directory's key and its name (the key is made again when the node is read). The
+/// rest are kept whole, boxed. A node reads back exactly as it was stored.
 struct NodeStore: Sequence {
     static let chunkSize = 1024
-    private var chunks: [[Node?]] = []
+    private var chunks: [[Slot]] = []
     private var used = 0
-    private var index: [InodeNumber: Int32] = [:]
+    private var index = SlotIndex()
     private var free: [Int32] = []
+    /// The keys of thin nodes whose key is not made from their directory's, by slot.
+    private var keys: [Int32: String] = [:]
+    /// Base content types of thin nodes, numbered (a mount sees a few; past 65 536 of them,
+    /// nodes of a new one are kept whole). Kept for the mount's life.
+    private var contentTypes = NumberedStrings()
+
+    private enum Slot {
+        case empty
+        case thin(ThinNode)
+        case whole(Box)
+    }
+
+    private final class Box {
+        let node: Node
+        init(_ node: Node) { self.node = node }
+    }
 
     var count: Int { index.count }
 
-    private func node(at slot: Int32) -> Node? { chunks[Int(slot) / Self.chunkSize][Int(slot) % Self.chunkSize] }
+    private func slot(_ number: Int32) -> Slot { chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize] }
 
-    private mutating func set(_ slot: Int32, _ node: Node?) {
-        chunks[Int(slot) / Self.chunkSize][Int(slot) % Self.chunkSize] = node
+    private func node(at number: Int32, inode: InodeNumber) -> Node? {
+        switch slot(number) {
+        case .empty: return nil
+        case .whole(let box): return box.node
+        case .thin(let thin):
+            var key = keys[number] ?? ""
+            if thin.keyIsDerived {
+                // A linked node keeps its directory (InodeTable rule 1); an unlinked one keeps its key.
+                guard let parentKey = storedKey(of: thin.parent) else {
+                    preconditionFailure("INTERNAL ERROR: the directory \(thin.parent) of linked inode \(inode) is gone")
+                }
+                key = parentKey + thin.name
+            }
+            return thin.node(inode: inode, key: key, baseContentType: contentTypes[thin.contentType])
+        }
+    }
+
+    /// The name of `inode` (without making the whole node).
+    func name(of inode: InodeNumber) -> String? {
+        guard let number = index[inode] else { return nil }
+        switch slot(number) {
+        case .empty: return nil
+        case .whole(let box): return box.node.name
+        case .thin(let thin): return thin.name
+        }
+    }
+
+    /// The key of `inode` as stored: a directory's is always kept whole.
+    private func storedKey(of inode: InodeNumber) -> String? {
+        guard let number = index[inode] else { return nil }
+        switch slot(number) {
+        case .empty: return nil
+        case .whole(let box): return box.node.key
+        case .thin(let thin): return thin.keyIsDerived ? nil : keys[number] ?? ""
+        }
+    }
+
+    private mutating func set(_ number: Int32, _ node: Node?, inode: InodeNumber) {
+        var value = Slot.empty
+        keys[number] = nil
+        if let node {
+            if let type = contentTypes.number(node.baseContentType), var thin = ThinNode(node, contentType: type) {
+                // A linked file's key below its directory's is made again when read; an unlinked
+                // node's parent may go, so its key is kept.
+                if node.kind != .directory, node.linked, inode != node.parent, let parentKey = storedKey(of: node.parent),
+                    node.key.utf8.count == parentKey.utf8.count + node.name.utf8.count,
+                    node.key.utf8.starts(with: parentKey.utf8), node.key.utf8.reversed().starts(with: node.name.utf8.reversed())
+                {
+                    thin.keyIsDerived = true
+                } else {
+                    keys[number] = node.key
+                }
+                value = .thin(thin)
+            } else {
+                value = .whole(Box(node))
+            }
+        }
+        chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize] = value
     }
 
     subscript(inode: InodeNumber) -> Node? {
-        get { index[inode].flatMap { node(at: $0) } }
+        get { index[inode].flatMap { node(at: $0, inode: inode) } }
         set {
-            if let slot = index[inode] {
-                set(slot, newValue)
+            if let number = index[inode] {
+                set(number, newValue, inode: inode)
                 if newValue == nil {
                     index[inode] = nil
-                    free.append(slot)
+                    free.append(number)
                 }
             } else if let newValue {
-                let slot: Int32
+                let number: Int32
                 if let reused = free.popLast() {
-                    slot = reused
+                    number = reused
                 } else {
                     if used == chunks.count * Self.chunkSize {
-                        chunks.append(Array(repeating: nil, count: Self.chunkSize))
+                        chunks.append(Array(repeating: .empty, count: Self.chunkSize))
                     }
-                    slot = Int32(used)
+                    number = Int32(used)
                     used += 1
                 }
-                set(slot, newValue)
-                index[inode] = slot
+                set(number, newValue, inode: inode)
+                index[inode] = number
             }
         }
     }
@@ -456,8 +534,369 @@ struct NodeStore: Sequence {
         let store = self
         return AnyIterator {
             guard let (inode, slot) = inner.next() else { return nil }
-            return (key: inode, value: store.node(at: slot)!)
+            return (key: inode, value: store.node(at: slot, inode: inode)!)
         }
     }
 }
 
+
+/// A `Node` as `NodeStore` keeps most: without its inode (the store's index has it) and its key
+/// (the store keeps it aside, or makes it from the directory's: `keyIsDerived`), its rare fields
+/// (none set), an MD5 ETag as two words, times in nanoseconds, the base content type as a number.
+private struct ThinNode {
+    var parent: InodeNumber
+    var name: String
+    var size: Int64
+    var etag: (UInt64, UInt64)
+    var lastModified: Int64
+    var mtime: Int64
+    var confirmedAt: Double
+    var metadataKnownAt: Double
+    var describedAsOf: UInt64
+    var uid: UInt32
+    var gid: UInt32
+    var lookups: UInt32
+    var mode: UInt16
+    var contentType: UInt16
+    private var flags: UInt16
+    var pins: UInt8
+
+    private enum Flag {
+        static let kind: UInt16 = 0x07
+        static let hasEtag: UInt16 = 1 << 3
+        static let hasMode: UInt16 = 1 << 4
+        static let hasUid: UInt16 = 1 << 5
+        static let hasGid: UInt16 = 1 << 6
+        static let hasMtime: UInt16 = 1 << 7
+        static let attributesOwed: UInt16 = 1 << 8
+        static let linked: UInt16 = 1 << 9
+        static let keyIsDerived: UInt16 = 1 << 10
+    }
+
+    private static let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket]
+
+    var keyIsDerived: Bool {
+        get { flags & Flag.keyIsDerived != 0 }
+        set { flags = newValue ? flags | Flag.keyIsDerived : flags & ~Flag.keyIsDerived }
+    }
+
+    /// nil when `node` has something a thin node cannot hold.
+    init?(_ node: Node, contentType: UInt16) {
+        guard let thin = node.thin(contentType: contentType) else { return nil }
+        self = thin
+    }
+
+    fileprivate init(
+        parent: InodeNumber, name: String, size: Int64, etag: (UInt64, UInt64)?, lastModified: Int64,
+        stored: StoredAttributes, mtime: Int64, confirmedAt: Double, metadataKnownAt: Double, describedAsOf: UInt64,
+        lookups: UInt32, pins: UInt8, contentType: UInt16, kind: NodeKind, attributesOwed: Bool, linked: Bool
+    ) {
+        self.parent = parent
+        self.name = name
+        self.size = size
+        self.etag = etag ?? (0, 0)
+        self.lastModified = lastModified
+        self.mtime = mtime
+        self.confirmedAt = confirmedAt
+        self.metadataKnownAt = metadataKnownAt
+        self.describedAsOf = describedAsOf
+        uid = stored.uid ?? 0
+        gid = stored.gid ?? 0
+        self.lookups = lookups
+        mode = stored.mode ?? 0
+        self.contentType = contentType
+        self.pins = pins
+        flags = UInt16(Self.kinds.firstIndex(of: kind)!)
+        if etag != nil { flags |= Flag.hasEtag }
+        if stored.mode != nil { flags |= Flag.hasMode }
+        if stored.uid != nil { flags |= Flag.hasUid }
+        if stored.gid != nil { flags |= Flag.hasGid }
+        if stored.mtime != nil { flags |= Flag.hasMtime }
+        if attributesOwed { flags |= Flag.attributesOwed }
+        if linked { flags |= Flag.linked }
+    }
+
+    var kind: NodeKind { Self.kinds[Int(flags & Flag.kind)] }
+    var hasEtag: Bool { flags & Flag.hasEtag != 0 }
+    var attributesOwed: Bool { flags & Flag.attributesOwed != 0 }
+    var linked: Bool { flags & Flag.linked != 0 }
+
+    var stored: StoredAttributes {
+        StoredAttributes(
+            mode: flags & Flag.hasMode != 0 ? mode : nil, uid: flags & Flag.hasUid != 0 ? uid : nil,
+            gid: flags & Flag.hasGid != 0 ? gid : nil,
+            mtime: flags & Flag.hasMtime != 0 ? PackedEntries.timestamp(mtime) : nil)
+    }
+}
+
+extension Node {
+    /// This node as a thin one, if it is like most (see `ThinNode`), without its key.
+    fileprivate func thin(contentType: UInt16) -> ThinNode? {
+        guard rare == nil, let modified = PackedEntries.nanoseconds(lastModified), lookups <= UInt64(UInt32.max),
+            pins >= 0, pins <= Int32(UInt8.max)
+        else { return nil }
+        var mtime: Int64 = 0
+        if let stamp = stored.mtime {
+            guard let nanoseconds = PackedEntries.nanoseconds(stamp) else { return nil }
+            mtime = nanoseconds
+        }
+        var digest: (UInt64, UInt64)? = nil
+        switch packedEtag {
+        case .md5(let high, let low): digest = (high, low)
+        case .other(let text): if !text.isEmpty { return nil }
+        }
+        return ThinNode(
+            parent: parent, name: name, size: size, etag: digest, lastModified: modified, stored: stored,
+            mtime: mtime, confirmedAt: confirmedAt, metadataKnownAt: metadataKnownAt, describedAsOf: describedAsOf,
+            lookups: UInt32(lookups), pins: UInt8(pins), contentType: contentType, kind: kind,
+            attributesOwed: attributesOwed, linked: linked)
+    }
+}
+
+extension ThinNode {
+    /// The whole node again.
+    func node(inode: InodeNumber, key: String, baseContentType: String) -> Node {
+        var node = Node(
+            inode: inode, parent: parent, name: name, kind: kind, key: key, size: size,
+            lastModified: PackedEntries.timestamp(lastModified))
+        node.restore(
+            etag: hasEtag ? .md5(etag.0, etag.1) : .other(""), stored: stored, baseContentType: baseContentType,
+            confirmedAt: confirmedAt, metadataKnownAt: metadataKnownAt, describedAsOf: describedAsOf,
+            lookups: UInt64(lookups), pins: Int32(pins), attributesOwed: attributesOwed, linked: linked)
+        return node
+    }
+}
+
+extension Node {
+    fileprivate mutating func restore(
+        etag: PackedETag, stored: StoredAttributes, baseContentType: String, confirmedAt: Double,
+        metadataKnownAt: Double, describedAsOf: UInt64, lookups: UInt64, pins: Int32, attributesOwed: Bool, linked: Bool
+    ) {
+        packedEtag = etag
+        self.stored = stored
+        self.baseContentType = baseContentType
+        self.confirmedAt = confirmedAt
+        self.metadataKnownAt = metadataKnownAt
+        self.describedAsOf = describedAsOf
+        self.lookups = lookups
+        self.pins = pins
+        self.attributesOwed = attributesOwed
+        self.linked = linked
+    }
+}
+
+/// The names in each directory, as a table per directory of the inode numbers the names lead
+/// to: open addressing with linear probing, 8 bytes a slot (the inode number, the top byte a
+/// tag from the name's hash), the names read from the nodes (`NodeStore.name(of:)`). As a
+/// `[ExactString: InodeNumber]` a directory of 200 000 names took 12.6 MiB, and 19 MiB while it
+/// grew (24 bytes a slot, its last doubling at 196 608 names; heaptrack); this takes 4 MiB.
+/// A node must be in the store while its name is in a table, and keep that name (InodeTable
+/// takes it out first when it moves or goes).
+struct ChildIndex {
+    private var tables: [InodeNumber: Table] = [:]
+
+    private struct Table {
+        /// 0: empty; else tag << 56 | inode.
+        var slots: [UInt64]
+        var count = 0
+
+        init(capacity: Int) { slots = Array(repeating: 0, count: capacity) }
+    }
+
+    private static let inodeBits: UInt64 = (1 << 56) - 1
+
+    private static func hash(_ name: String) -> UInt64 {
+        var hasher = Hasher()
+        var name = name
+        name.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        return UInt64(bitPattern: Int64(hasher.finalize()))
+    }
+
+    /// The name of a node in a table: in the store (see above).
+    private static func name(_ inode: InodeNumber, in nodes: NodeStore) -> String {
+        guard let name = nodes.name(of: inode) else { preconditionFailure("INTERNAL ERROR: inode \(inode) named in a directory is gone") }
+        return name
+    }
+
+    private static func same(_ inode: InodeNumber, _ name: String, in nodes: NodeStore) -> Bool {
+        guard let other = nodes.name(of: inode) else { return false }
+        return other.utf8.elementsEqual(name.utf8)
+    }
+
+    /// Where `name` is in `table`, or the empty slot where it would go.
+    private static func find(_ name: String, hash: UInt64, in table: Table, nodes: NodeStore) -> (index: Int, found: Bool) {
+        let mask = table.slots.count - 1
+        let tag = hash >> 56
+        var index = Int(truncatingIfNeeded: hash) & mask
+        while true {
+            let slot = table.slots[index]
+            if slot == 0 { return (index, false) }
+            if slot >> 56 == tag && same(slot & inodeBits, name, in: nodes) { return (index, true) }
+            index = (index + 1) & mask
+        }
+    }
+
+    func inode(_ parent: InodeNumber, _ name: String, in nodes: NodeStore) -> InodeNumber? {
+        guard let table = tables[parent] else { return nil }
+        let (index, found) = Self.find(name, hash: Self.hash(name), in: table, nodes: nodes)
+        return found ? table.slots[index] & Self.inodeBits : nil
+    }
+
+    func isEmpty(_ parent: InodeNumber) -> Bool { tables[parent] == nil }
+
+    /// `name` in `parent` leads to `inode` (whatever it led to before).
+    mutating func set(_ parent: InodeNumber, _ name: String, _ inode: InodeNumber, in nodes: NodeStore) {
+        precondition(inode > 0 && inode <= Self.inodeBits, "INTERNAL ERROR: inode \(inode) out of range")
+        var table = tables.removeValue(forKey: parent) ?? Table(capacity: 8)
+        if (table.count + 1) * 4 > table.slots.count * 3 { table = Self.grown(table, nodes: nodes) }
+        let hash = Self.hash(name)
+        let (index, found) = Self.find(name, hash: hash, in: table, nodes: nodes)
+        if !found { table.count += 1 }
+        table.slots[index] = (hash >> 56) << 56 | inode
+        tables[parent] = table
+    }
+
+    /// Takes `name` out of `parent`; returns the inode it led to.
+    @discardableResult
+    mutating func remove(_ parent: InodeNumber, _ name: String, in nodes: NodeStore) -> InodeNumber? {
+        guard var table = tables.removeValue(forKey: parent) else { return nil }
+        defer { if table.count > 0 { tables[parent] = table } }
+        var (index, found) = Self.find(name, hash: Self.hash(name), in: table, nodes: nodes)
+        guard found else { return nil }
+        let inode = table.slots[index] & Self.inodeBits
+        // Backward shift: a name further on whose probe passed this slot moves into it.
+        let mask = table.slots.count - 1
+        var next = index
+        while true {
+            next = (next + 1) & mask
+            let slot = table.slots[next]
+            if slot == 0 { break }
+            let home = Int(truncatingIfNeeded: Self.hash(Self.name(slot & Self.inodeBits, in: nodes))) & mask
+            if LinearProbing.moves(home: home, freed: index, at: next) {
+                table.slots[index] = slot
+                index = next
+            }
+        }
+        table.slots[index] = 0
+        table.count -= 1
+        return inode
+    }
+
+    /// Every name in `parent` with the inode it leads to.
+    func list(_ parent: InodeNumber, in nodes: NodeStore) -> [(name: ExactString, inode: InodeNumber)] {
+        guard let table = tables[parent] else { return [] }
+        return table.slots.compactMap { slot in
+            slot == 0 ? nil : (Self.name(slot & Self.inodeBits, in: nodes).exact, slot & Self.inodeBits)
+        }
+    }
+
+    private static func grown(_ table: Table, nodes: NodeStore) -> Table {
+        var bigger = Table(capacity: table.slots.count * 2)
+        let mask = bigger.slots.count - 1
+        for slot in table.slots where slot != 0 {
+            var index = Int(truncatingIfNeeded: hash(name(slot & inodeBits, in: nodes))) & mask
+            while bigger.slots[index] != 0 { index = (index + 1) & mask }
+            bigger.slots[index] = slot
+            bigger.count += 1
+        }
+        return bigger
+    }
+}
+
+/// Inode numbers to node slots (`NodeStore`): open addressing with linear probing, 12 bytes a
+/// slot, up to 80 % full. As a dictionary, 200 000 nodes took 6.3 MiB and 9.4 MiB while it grew
+/// (its last doubling at 196 608); this takes 3 MiB.
+struct SlotIndex: Sequence {
+    /// 0: empty.
+    private var keys: [InodeNumber] = []
+    private var values: [Int32] = []
+    private(set) var count = 0
+
+    private func home(_ inode: InodeNumber) -> Int {
+        // Times an odd number: on the low bits a permutation, so a run of consecutive numbers
+        // (inodes are handed out in order) never collides, and spread out.
+        Int(truncatingIfNeeded: inode &* 0x9E37_79B9_7F4A_7C15) & (keys.count - 1)
+    }
+
+    private func find(_ inode: InodeNumber) -> (index: Int, found: Bool) {
+        let mask = keys.count - 1
+        var index = home(inode)
+        while true {
+            if keys[index] == inode { return (index, true) }
+            if keys[index] == 0 { return (index, false) }
+            index = (index + 1) & mask
+        }
+    }
+
+    subscript(inode: InodeNumber) -> Int32? {
+        get {
+            guard count > 0 else { return nil }
+            let (index, found) = find(inode)
+            return found ? values[index] : nil
+        }
+        set {
+            precondition(inode != 0, "INTERNAL ERROR: inode 0 in the slot index")
+            if let newValue {
+                if keys.isEmpty || (count + 1) * 5 > keys.count * 4 { grow() }
+                let (index, found) = find(inode)
+                if !found {
+                    keys[index] = inode
+                    count += 1
+                }
+                values[index] = newValue
+            } else if count > 0 {
+                var (index, found) = find(inode)
+                guard found else { return }
+                // Backward shift: a key further on whose probe passed this slot moves into it.
+                let mask = keys.count - 1
+                var next = index
+                while true {
+                    next = (next + 1) & mask
+                    let key = keys[next]
+                    if key == 0 { break }
+                    if LinearProbing.moves(home: home(key), freed: index, at: next) {
+                        keys[index] = key
+                        values[index] = values[next]
+                        index = next
+                    }
+                }
+                keys[index] = 0
+                count -= 1
+            }
+        }
+    }
+
+    private mutating func grow() {
+        let (oldKeys, oldValues) = (keys, values)
+        keys = Array(repeating: 0, count: Swift.max(16, oldKeys.count * 2))
+        values = Array(repeating: 0, count: keys.count)
+        for (key, value) in zip(oldKeys, oldValues) where key != 0 {
+            let (index, _) = find(key)
+            keys[index] = key
+            values[index] = value
+        }
+    }
+
+    func makeIterator() -> AnyIterator<(InodeNumber, Int32)> {
+        var position = 0
+        let (keys, values) = (self.keys, self.values)
+        return AnyIterator {
+            while position < keys.count {
+                defer { position += 1 }
+                if keys[position] != 0 { return (keys[position], values[position]) }
+            }
+            return nil
+        }
+    }
+}
+
+/// Deletion from a table with linear probing, by backward shift (no tombstones): after a slot is
+/// freed, each entry further on moves into it unless that would put it before its home.
+enum LinearProbing {
+    /// Whether the entry at `at`, whose home slot is `home`, moves into the slot freed at
+    /// `freed`: it stays when its home lies cyclically in (freed, at].
+    static func moves(home: Int, freed: Int, at: Int) -> Bool {
+        let stays = freed <= at ? (freed < home && home <= at) : (freed < home || home <= at)
+        return !stays
+    }
+}

@@ -1,3 +1,5 @@
+import ObjectStore
+import ObjectStoreTesting
 import Testing
 
 @testable import FileSystem
@@ -112,6 +114,90 @@ struct NodeStoreTests {
         #expect(store[3] == nil && store[5] == nil && store[4]?.size == 42 && store[9]?.name == "n9")
         #expect(store.map(\.key).sorted() == [2, 4, 6, 7, 8, 9])
         #expect(store.allSatisfy { $0.value.inode == $0.key })
+    }
+
+    /// Every field, for comparing two nodes.
+    /// `counts`: the lookups, pins and link to show instead of the node's (which only a table sets).
+    func fields(_ n: Node, counts: (lookups: UInt64, pins: Int32, linked: Bool)? = nil) -> String {
+        let (lookups, pins, linked) = counts ?? (n.lookups, n.pins, n.linked)
+        return "\(n.inode) \(n.parent) \(n.name) \(n.kind) \(n.key) \(n.size) \(n.etag) \(n.lastModified) \(n.stored) "
+            + "\(n.baseContentType) \(n.confirmedAt) \(lookups) \(pins) \(n.attributesOwed) \(linked) "
+            + "\(n.metadataKnownAt) \(n.describedAsOf) \(n.manifest ?? "-") \(n.localVersion) \(String(describing: n.changedAt)) "
+            + "\(String(describing: n.accessedAt)) \(n.cachedEtag ?? "-") \(n.symlinkTarget ?? "-") \(n.extraMetadata) "
+            + "\(n.attributeVersion) \(n.acknowledgedVersion) \(n.acknowledgedTime)"
+    }
+
+    /// Most nodes are kept thin (issue 21), a file's key made from its directory's: whatever
+    /// the node holds (rare fields, an ETag that is not an MD5, times out of the nanosecond range,
+    /// a key elsewhere, any kind, counts), it reads back field for field as it was stored.
+    @Test func everyNodeReadsBackAsItWasStored() {
+        var random = SeededGenerator(seed: 21)
+        // Nodes made by a table (its counts and links are its own to set), stored again here.
+        var table = InodeTable(rootKey: "", rootTime: .zero)
+        let directory = table.link(parent: 1, name: "dir", kind: .directory, key: "some/dir/", lookups: 1)
+        var made: [InodeNumber] = [directory.inode]
+        for number in 0..<2_000 {
+            let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket]
+            let kind = kinds[Int.random(in: 0..<kinds.count, using: &random)]
+            let name = ["f", "a longer name than fifteen bytes ", "caf\u{E9}", ""][Int.random(in: 0..<4, using: &random)] + "\(number)"
+            let parent = Bool.random(using: &random) ? directory.inode : 1
+            var key = (parent == directory.inode ? "some/dir/" : "") + name + (kind == .directory ? "/" : "")
+            if Int.random(in: 0..<5, using: &random) == 0 { key = "elsewhere/" + name }
+            let lookups: UInt64 = Bool.random(using: &random) ? 1 : UInt64(UInt32.max) + 1
+            let inode = table.link(parent: parent, name: name, kind: kind, key: key, lookups: lookups).inode
+            // What the node is made to hold, apart from the table's counts.
+            var reference = Node(inode: inode, parent: parent, name: name, kind: kind, key: key)
+            reference.size = Int64.random(in: 0...1 << 40, using: &random)
+            reference.etag = ["", "0123456789abcdef0123456789abcdef", "not-an-md5", "0123456789ABCDEF0123456789ABCDEF"][
+                Int.random(in: 0..<4, using: &random)]
+            reference.lastModified =
+                Bool.random(using: &random)
+                ? Timestamp(seconds: Int64.random(in: 0...4_000_000_000, using: &random), nanoseconds: Int32.random(in: 0..<1_000_000_000, using: &random))
+                : Timestamp(seconds: Int64.max / 2, nanoseconds: 5)
+            reference.stored = StoredAttributes(
+                mode: Bool.random(using: &random) ? UInt16.random(in: 0...0o7777, using: &random) : nil,
+                uid: Bool.random(using: &random) ? UInt32.random(in: 0...UInt32.max, using: &random) : nil,
+                gid: Bool.random(using: &random) ? 100 : nil,
+                mtime: Bool.random(using: &random) ? Timestamp(seconds: 1_600_000_000, nanoseconds: 7) : nil)
+            reference.baseContentType = ["", "application/octet-stream", "image/jpeg", "type \(number % 7)"][Int.random(in: 0..<4, using: &random)]
+            reference.confirmedAt = Double.random(in: 0...1e6, using: &random)
+            reference.metadataKnownAt = Bool.random(using: &random) ? 0 : 12.5
+            reference.describedAsOf = UInt64.random(in: 0...UInt64.max, using: &random)
+            switch Int.random(in: 0..<8, using: &random) {
+            case 0: reference.manifest = "c/prefix"
+            case 1: reference.localVersion = 3
+            case 2: reference.changedAt = Timestamp(seconds: 5, nanoseconds: 6)
+            case 3: reference.extraMetadata = ["x": "y"]
+            case 4: reference.symlinkTarget = "../t"
+            default: break
+            }
+            table.update(inode) { [reference] node in node = reference }
+            var pins = Int32([0, 1, 300][Int.random(in: 0..<3, using: &random)])
+            for _ in 0..<pins { table.pin(inode) }
+            if Bool.random(using: &random) {
+                table.oweAttributes(inode)
+                reference.attributesOwed = true
+                pins += 1
+            }
+            var linked = true
+            if Int.random(in: 0..<4, using: &random) == 0 {
+                table.unhook(parent: parent, name: name)
+                linked = false
+            }
+            guard let node = table[inode] else { continue }
+            #expect(fields(node) == fields(reference, counts: (lookups, pins, linked)), "inode \(inode) in the table")
+            made.append(inode)
+        }
+        var store = NodeStore()
+        var expected: [InodeNumber: String] = [:]
+        for inode in made {
+            let node = table[inode]!
+            store[inode] = node
+            expected[inode] = fields(node)
+        }
+        #expect(made.count > 1_000)
+        for (inode, node) in store { #expect(fields(node) == expected[inode], "inode \(inode)") }
+        for inode in made { #expect(store[inode].map { fields($0) } == expected[inode], "inode \(inode)") }
     }
 }
 
@@ -305,5 +391,135 @@ struct DirectoryCacheTests {
         #expect(cache.listing(3, now: 1, maximumAge: 5)?.entries.sorted.map(\.name) == ["b"])
         cache.drop(3)
         #expect(cache.anyListing(3) == nil)
+    }
+}
+
+/// A directory's names as an open-addressing table over the nodes' own names: random sets,
+/// replacements and removals in a few directories, every name looked up and every listing
+/// compared with a dictionary after each (removals shift names back into the freed slot).
+struct ChildIndexTests {
+    @Test func namesAreFoundAsADictionaryFindsThem() {
+        var random = SeededGenerator(seed: 22)
+        var nodes = NodeStore()
+        var index = ChildIndex()
+        var reference: [InodeNumber: [ExactString: InodeNumber]] = [:]
+        // "e\u{301}" and "\u{E9}" are two names, as they are two keys.
+        let pool = (0..<300).map { "n\($0)" } + ["caf\u{E9}", "cafe\u{301}", "", "a longer name than fifteen bytes"]
+        var next: InodeNumber = 10
+        for step in 0..<20_000 {
+            let parent = InodeNumber.random(in: 1...3, using: &random)
+            let name = pool[Int.random(in: 0..<pool.count, using: &random)]
+            if Int.random(in: 0..<3, using: &random) == 0 {
+                let removed = index.remove(parent, name, in: nodes)
+                #expect(removed == reference[parent]?[name.exact], "step \(step)")
+                if let removed { nodes[removed] = nil }
+                reference[parent]?[name.exact] = nil
+                if reference[parent]?.isEmpty == true { reference[parent] = nil }
+            } else {
+                let inode = next
+                next += 1
+                nodes[inode] = Node(inode: inode, parent: parent, name: name, kind: .file, key: name)
+                let replaced = reference[parent]?[name.exact]
+                index.set(parent, name, inode, in: nodes)
+                if let replaced { nodes[replaced] = nil }
+                reference[parent, default: [:]][name.exact] = inode
+            }
+            if step % 97 == 0 || step > 19_900 {
+                for parent: InodeNumber in 1...3 {
+                    for name in pool {
+                        #expect(index.inode(parent, name, in: nodes) == reference[parent]?[name.exact], "step \(step)")
+                    }
+                    let listed = Dictionary(uniqueKeysWithValues: index.list(parent, in: nodes).map { ($0.name, $0.inode) })
+                    #expect(listed == reference[parent] ?? [:], "step \(step)")
+                    #expect(index.isEmpty(parent) == (reference[parent] == nil))
+                }
+            }
+        }
+    }
+}
+
+/// Inode numbers to slots as an open-addressing table: random sets and removals of numbers,
+/// in runs (as inodes are handed out) and scattered, against a dictionary.
+struct SlotIndexTests {
+    @Test func slotsAreFoundAsADictionaryFindsThem() {
+        var random = SeededGenerator(seed: 23)
+        var index = SlotIndex()
+        var reference: [InodeNumber: Int32] = [:]
+        var next: InodeNumber = 2
+        for step in 0..<30_000 {
+            let inode: InodeNumber =
+                Bool.random(using: &random) ? next : InodeNumber.random(in: 1...(next + 10), using: &random)
+            if inode == next { next += 1 }
+            if Int.random(in: 0..<3, using: &random) == 0 {
+                index[inode] = nil
+                reference[inode] = nil
+            } else {
+                let slot = Int32.random(in: 0...Int32.max, using: &random)
+                index[inode] = slot
+                reference[inode] = slot
+            }
+            if step % 101 == 0 || step > 29_900 {
+                #expect(index.count == reference.count, "step \(step)")
+                for probe in 1...(next + 10) { #expect(index[probe] == reference[probe], "step \(step), inode \(probe)") }
+                #expect(Dictionary(uniqueKeysWithValues: index.map { ($0.0, $0.1) }) == reference, "step \(step)")
+            }
+        }
+    }
+}
+
+/// Random sequences of the table's operations (names made, linked, unhooked, moved, forgotten,
+/// pinned): after each, every name in a directory leads to a living node that says it is there,
+/// and every linked node is found by its name.
+struct InodeTableSequenceTests {
+    @Test(arguments: [31, 32, 33, 34] as [UInt64]) func everyNameLeadsToALivingNodeThatHasIt(seed: UInt64) {
+        var random = SeededGenerator(seed: seed)
+        var table = InodeTable(rootKey: "", rootTime: .zero)
+        let names = ["a", "b", "c", "caf\u{E9}", "cafe\u{301}", "a longer name than fifteen bytes"]
+        var pinned: [InodeNumber] = []
+        for step in 0..<1_500 {
+            let known = table.nodes.map(\.value)
+            let directories = known.filter { $0.kind == .directory && ($0.linked || $0.inode == InodeTable.root) }
+            let parent = directories.randomElement(using: &random)!
+            let name = names.randomElement(using: &random)!
+            let key = parent.key + name
+            switch Int.random(in: 0..<8, using: &random) {
+            case 0:
+                _ = table.insert(Node(inode: 0, parent: parent.inode, name: name, kind: .file, key: key))
+            case 1:
+                _ = table.insert(Node(inode: 0, parent: parent.inode, name: name, kind: .directory, key: key + "/"))
+            case 2:
+                let kind: NodeKind = Bool.random(using: &random) ? .file : .directory
+                _ = table.link(parent: parent.inode, name: name, kind: kind, key: kind == .directory ? key + "/" : key,
+                    lookups: UInt64.random(in: 0...1, using: &random))
+            case 3:
+                table.unhook(parent: parent.inode, name: name)
+            case 4:
+                guard let node = known.filter({ $0.linked && $0.inode != InodeTable.root }).randomElement(using: &random),
+                    !(node.kind == .directory && parent.key.utf8.starts(with: node.key.utf8))
+                else { break }
+                table.move(node.inode, to: parent.inode, name: name, key: node.kind == .directory ? key + "/" : key)
+            case 5:
+                guard let node = known.filter({ $0.lookups > 0 && $0.inode != InodeTable.root }).randomElement(using: &random)
+                else { break }
+                table.forget(node.inode, count: node.lookups)
+            case 6:
+                guard let node = known.filter({ $0.inode != InodeTable.root }).randomElement(using: &random) else { break }
+                table.pin(node.inode)
+                pinned.append(node.inode)
+            default:
+                guard !pinned.isEmpty else { break }
+                table.unpin(pinned.remove(at: Int.random(in: 0..<pinned.count, using: &random)))
+            }
+            for (inode, node) in table.nodes {
+                for child in table.children(of: inode) {
+                    let held = table[child.inode]
+                    #expect(held?.parent == inode && held?.name.exact == child.name && held?.linked == true, "step \(step)")
+                }
+                if node.linked && inode != InodeTable.root {
+                    #expect(table.child(node.parent, node.name)?.inode == inode, "step \(step): inode \(inode)")
+                    #expect(table[node.parent] != nil, "step \(step): the directory of inode \(inode)")
+                }
+            }
+        }
     }
 }
