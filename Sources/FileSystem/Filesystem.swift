@@ -828,11 +828,22 @@ public final class Filesystem: Sendable {
             // table (its journaled change may have been forgotten after a failure).
             return state.withLock { s in
                 let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
-                // A remembered listing's entries are its table's already.
-                let recorded = table?.addedHere ?? []
-                let current = table ?? s.directories.anyListing(inode)?.entries ?? EntryTable.empty
+                // What the reader's entries show, and what this mount recorded that they lack:
+                // a fresh listing's table has the changes; a remembered listing's entries are
+                // as the reader took them, and what was recorded since is added here (an upload
+                // that ended during a walk put a file shown as open into the listing).
+                let shown: EntryTable
+                let recorded: [DirectoryEntry]
+                if let table {
+                    (shown, recorded) = (table, table.addedHere)
+                } else {
+                    shown = EntryTable(entries)
+                    recorded = (s.directories.anyListing(inode)?.entries.addedHere ?? []).filter { shown[$0.name.exact] == nil }
+                }
+                let recordedNames = Set(recorded.map(\.name.exact))
                 let open = s.inodes.children(of: inode).filter { child in
-                    s.openFiles[child.inode] != nil && current[child.name] == nil && !(table?.listed(child.name) ?? false)
+                    s.openFiles[child.inode] != nil && shown[child.name] == nil && !recordedNames.contains(child.name)
+                        && !(table?.listed(child.name) ?? false)
                 }
                 return recorded.map { .listed($0) }
                     + open.sorted { $0.name < $1.name }.map { .local($0.name.string, $0.inode) }

@@ -17,9 +17,10 @@ struct WriteBackTests {
 
     func makeFilesystem(
         _ store: any ObjectStore, spool: String? = nil, maxBytes: Int64 = 1 << 30, retrySeconds: Double = 3600,
-        multipartThreshold: Int64? = nil
+        multipartThreshold: Int64? = nil, clock: ManualClock? = nil
     ) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        if let clock { configuration.clock = { clock.now } }
         if let multipartThreshold {
             configuration.multipartThreshold = multipartThreshold
             configuration.partSize = 4
@@ -278,6 +279,38 @@ struct WriteBackTests {
         }
         #expect(try fs.lookup(parent: root, name: "f").size == 11)
     }
+    /// A readdir reading a remembered listing that lacks a file written here (queued, shown as
+    /// this mount's own) goes on after the file's upload put it into that listing: the file is
+    /// still shown, once (core model seed 7003: `ls` lost a file whose upload ended mid-walk).
+    @Test func aFileStoredWhileAReaddirOfItsDirectoryRunsIsShown() throws {
+        let store = FakeObjectStore()
+        store.seed("a", Array("stored".utf8))
+        let clock = ManualClock()
+        let fs = makeFilesystem(store, clock: clock)
+        defer { fs.shutdown() }
+        _ = try writeFile(fs, root, "new", "queued")
+        // Listed once its create is no longer journaled: remembered without it (the store does
+        // not have it), shown as this mount's open file.
+        clock.advance(60)
+        #expect(try fs.names(in: root) == ["a", "new"])
+        let handle = try fs.opendir(root)
+        defer { fs.releasedir(handle: handle) }
+        var names: [String] = []
+        // The kernel's buffer is full after "." and "..".
+        try fs.readdir(root, handle: handle, offset: 0) { name, _, _, _ in
+            guard name == "." || name == ".." else { return false }
+            names.append(name)
+            return true
+        }
+        drain(fs)
+        #expect(store.keys.contains("new"))
+        try fs.readdir(root, handle: handle, offset: 2) { name, _, _, _ in
+            names.append(name)
+            return true
+        }
+        #expect(names == [".", "..", "a", "new"])
+    }
+
     /// The daemon dies with files queued (renamed, too): the next mount of the same cache stores
     /// each under its last name, once.
     @Test func aMountThatDiedWithQueuedFilesLeavesThemToTheNext() throws {
