@@ -340,9 +340,9 @@ struct InodeTable {
 
     /// The name is gone (unlink, rmdir, replaced by a rename): the node it led to lives on while the
     /// kernel or a spool holds it, reachable by inode only. Returns that node.
-    @discardableResult
     /// `collectingParent`: false when the name is about to lead somewhere else (the directory
     /// must not go in between, as it would if that name was all that held it).
+    @discardableResult
     mutating func unhook(parent: InodeNumber, name: String, collectingParent: Bool = true) -> Node? {
         guard let inode = children.remove(parent, name, in: nodes) else { return nil }
         nodes[inode]?.linked = false

@@ -333,6 +333,7 @@ struct WriteTests {
         defer { scene.cleanUp() }
         let mount = try scene.mount()
         let d = quoted(mount.directory)
+        let err = quoted(TestScratch.directory + "cssp-e2e-err")
         let steps = try shell("""
             set -e
             cd \(d)
@@ -349,13 +350,13 @@ struct WriteTests {
             python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind("sock")' && test -S sock
             if mknod dev c 1 3 2>/dev/null; then exit 13; fi
             # A name that is not UTF-8 is refused (EILSEQ), never stored under a mangled key.
-            if touch "$(printf 'bad\\351name')" 2>/tmp/cssp-e2e-err; then exit 11; fi
-            grep -qi 'multibyte' /tmp/cssp-e2e-err
+            if touch "$(printf 'bad\\351name')" 2>\(err); then exit 11; fi
+            grep -qi 'multibyte' \(err)
             # A path whose key would pass the store's 1024 bytes: ENAMETOOLONG, not EIO.
             l=$(printf 'x%.0s' $(seq 1 250))
             mkdir -p "$l/$l/$l/$l"
-            if mkdir "$l/$l/$l/$l/$l" 2>/tmp/cssp-e2e-err; then exit 12; fi
-            grep -qi 'too long' /tmp/cssp-e2e-err
+            if mkdir "$l/$l/$l/$l/$l" 2>\(err); then exit 12; fi
+            grep -qi 'too long' \(err)
             rm -r "$l"
             # fstat of an open file after unlink: st_nlink 0; rename flags we do not do: EINVAL.
             python3 -c '
