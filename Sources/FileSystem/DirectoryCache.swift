@@ -23,12 +23,50 @@ import ObjectStore
 ///    an upload was stored, a HEAD sent before it) must not make a new node for the name: the
 ///    node that knew better may be gone (the kernel forgot it). `changeSince` says what this
 ///    mount made of the name after the answer's change count, or that it cannot know.
+/// 5. At most `nameLimit` names are remembered in listings (`meta_max_entries`): past it the
+///    listings remembered longest ago are dropped, the newest never. A dropped listing leaves what
+///    was recorded in it since (its changes, for readers still reading it) and answers nothing.
 struct DirectoryCache {
     struct Listing {
         var entries: EntryTable
         var completedAt: Double
         /// The `StoreClock` tick taken before its first request (the attribute rule, `Node+Merge`).
         var askedAt: UInt64
+        /// Dropped under the bound (rule 5): only its changes are left, and it answers nothing.
+        var dropped = false
+        /// Listings are numbered as they are remembered (0: not yet), the newest highest.
+        fileprivate var number: UInt64 = 0
+    }
+
+    /// Remembered listings by directory, and how many names they hold (rule 5).
+    private struct Listings {
+        private var byDirectory: [InodeNumber: Listing] = [:]
+        private(set) var names = 0
+        private var remembered: UInt64 = 0
+
+        subscript(directory: InodeNumber) -> Listing? {
+            get { byDirectory[directory] }
+            set {
+                names -= byDirectory[directory]?.entries.count ?? 0
+                var listing = newValue
+                if listing?.number == 0 {
+                    remembered += 1
+                    listing?.number = remembered
+                }
+                byDirectory[directory] = listing
+                names += listing?.entries.count ?? 0
+            }
+        }
+
+        /// A change made here, applied in place (the listing's name count stays).
+        mutating func apply(_ name: ExactString, _ entry: DirectoryEntry?, in directory: InodeNumber) {
+            byDirectory[directory]?.entries[name] = entry
+        }
+
+        /// The listings still answering, the first remembered first.
+        var byAge: [InodeNumber] {
+            byDirectory.filter { !$0.value.dropped }.sorted { $0.value.number < $1.value.number }.map(\.key)
+        }
     }
 
     /// One change made here (rule 2): the change count it made, when, and the name's entry
@@ -48,7 +86,13 @@ struct DirectoryCache {
     /// At most this many changes are journaled per directory; older ones are forgotten sooner.
     static let journalLimit = 10_000
 
-    private var listings: [InodeNumber: Listing] = [:]
+    private var listings = Listings()
+    /// At most this many names in remembered listings (rule 5; 0: no bound).
+    let nameLimit: Int
+    /// When each directory was last looked in (a lookup, a readdir, a change), as a count of
+    /// uses: the directories used longest ago give up their names first (`Filesystem+Bound`).
+    private var used: [InodeNumber: UInt64] = [:]
+    private var uses: UInt64 = 0
     /// Changes made here per directory (see rule 2); absent = 0.
     private var changes: [InodeNumber: UInt64] = [:]
     /// Recent changes per directory, oldest first (rule 2).
@@ -68,9 +112,42 @@ struct DirectoryCache {
     /// Inode numbers readdir showed for names that had no node yet (d_ino), per directory: the
     /// node a later lookup makes takes the same number.
     private var reserved: [InodeNumber: [ExactString: InodeNumber]] = [:]
+    /// Numbers of forgotten nodes reserved for their names (`reserveForgotten`), oldest first
+    /// from `forgottenStart`.
+    private var forgotten: [(InodeNumber, ExactString, InodeNumber)] = []
+    private var forgottenStart = 0
+    private var forgottenLimit: Int { nameLimit > 0 ? max(4096, nameLimit / 10) : 25_000 }
 
-    init(journalSeconds: Double = 5) {
+    init(journalSeconds: Double = 5, nameLimit: Int = 0) {
         self.journalSeconds = journalSeconds
+        self.nameLimit = nameLimit
+    }
+
+    /// Names in the listings remembered now (rule 5).
+    var rememberedNames: Int { listings.names }
+
+    /// `directory` is being looked in.
+    mutating func touch(_ directory: InodeNumber) {
+        uses += 1
+        used[directory] = uses
+    }
+
+    /// Directories looked in, the one used longest ago first.
+    var directoriesByUse: [InodeNumber] { used.sorted { $0.value < $1.value }.map(\.key) }
+
+    /// Drops the listings remembered longest ago until at most nine tenths of `nameLimit` names are
+    /// remembered, keeping the newest (rule 5). Returns the names dropped.
+    @discardableResult
+    mutating func bound() -> Int {
+        guard nameLimit > 0, listings.names > nameLimit else { return 0 }
+        let before = listings.names
+        for directory in listings.byAge.dropLast() where listings.names > nameLimit - nameLimit / 10 {
+            guard var listing = listings[directory] else { continue }
+            listing.entries = listing.entries.changesOnly
+            listing.dropped = true
+            listings[directory] = listing
+        }
+        return before - listings.names
     }
 
     /// The number readdir shows for `name` in `directory` without a node: reserved once, with
@@ -91,6 +168,21 @@ struct DirectoryCache {
         reserved[directory, default: [:]][name.exact] = number
     }
 
+    /// Keeps the number of a node the kernel forgot for the next node of its name (readdir may
+    /// have shown it: d_ino = st_ino), for the latest `forgottenLimit` such names only.
+    mutating func reserveForgotten(_ directory: InodeNumber, _ name: String, _ number: InodeNumber) {
+        reserve(directory, name, number)
+        forgotten.append((directory, name.exact, number))
+        guard forgotten.count - forgottenStart > forgottenLimit else { return }
+        let (oldDirectory, oldName, oldNumber) = forgotten[forgottenStart]
+        forgottenStart += 1
+        if reserved[oldDirectory]?[oldName] == oldNumber { reserved[oldDirectory]?[oldName] = nil }
+        if forgottenStart >= forgottenLimit {
+            forgotten.removeFirst(forgottenStart)
+            forgottenStart = 0
+        }
+    }
+
     /// Takes the number reserved for `name`, if any: a node is being made for it, which owns the
     /// number from now on.
     mutating func takeReservation(_ directory: InodeNumber, _ name: String) -> InodeNumber? {
@@ -99,11 +191,11 @@ struct DirectoryCache {
 
     /// The remembered listing of `directory` if it is younger than `maximumAge`.
     func listing(_ directory: InodeNumber, now: Double, maximumAge: Double) -> Listing? {
-        guard let listing = listings[directory], now - listing.completedAt <= maximumAge else { return nil }
+        guard let listing = listings[directory], !listing.dropped, now - listing.completedAt <= maximumAge else { return nil }
         return listing
     }
 
-    /// Any remembered listing of `directory`, however old.
+    /// Any remembered listing of `directory`, however old, or what is left of it (rule 5).
     func anyListing(_ directory: InodeNumber) -> Listing? { listings[directory] }
 
     /// Changes journaled now, in every directory.
@@ -143,6 +235,7 @@ struct DirectoryCache {
             return (table, false)
         }
         listings[directory] = Listing(entries: table, completedAt: now, askedAt: askedAt)
+        bound()
         // The listing shows these changes already: they are not applied to later listings
         // (an older listing still under way is not remembered over this one).
         // (`stillListed`: names removed here that the store listed, which the reader skipped.)
@@ -173,7 +266,8 @@ struct DirectoryCache {
         generation += 1
         let count = changeCount(directory) + 1
         changes[directory] = count
-        listings[directory]?.entries[name.exact] = entry
+        listings.apply(name.exact, entry, in: directory)
+        touch(directory)
         let change = Change(count: count, at: now, name: name.exact, entry: entry)
         journals[directory, default: []].append(change)
         latest[directory, default: [:]][name.exact] = change
@@ -230,6 +324,7 @@ struct DirectoryCache {
         listings[directory] = nil
         lastResolved[directory] = nil
         reserved[directory] = nil
+        used[directory] = nil
     }
 
     /// A change that no listing in progress may be remembered over: counted, and every change
@@ -272,6 +367,7 @@ extension DirectoryCache {
         forgottenUpTo[directory] = nil
         lastResolved[directory] = nil
         reserved[directory] = nil
+        used[directory] = nil
     }
 }
 
@@ -349,6 +445,16 @@ struct EntryTable {
             return position(of: name).map { entries[$0] }
         }
         set { changes[name] = .some(newValue) }
+    }
+
+    /// Names in the listing itself (a name listed twice counts twice; changes made here do not count).
+    var count: Int { entries.count }
+
+    /// Only the changes made here (rule 5): the listing's own entries are dropped.
+    var changesOnly: EntryTable {
+        var table = EntryTable(PackedEntries(prefix: entries.prefix))
+        table.changes = changes
+        return table
     }
 
     /// Entries of names the listing itself lacks (made here since, or not listed yet), sorted.

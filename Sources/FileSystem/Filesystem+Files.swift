@@ -441,6 +441,10 @@ extension Filesystem {
         let done: Bool = state.withLock { s in
             guard s.openFiles[open.inode] === open, open.state.withLock({ $0.retire() }) else { return false }
             s.openFiles[open.inode] = nil
+            // The listing first, as when attributes settle: unpinned, the node goes if the
+            // kernel forgot it, and the next lookup makes one from the remembered entry, which
+            // a change stored while the file was open (a chmod) did not update.
+            if let node = s.inodes[open.inode], node.kind == .file { correctListing(describing: node, comparingTimes: true, in: &s) }
             s.inodes.unpin(open.inode)
             s.sweep()
             return true

@@ -110,6 +110,7 @@ extension Filesystem {
     public func create(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError)
         -> (Attributes, OpenResult)
     {
+        defer { boundNodes() }
         let directory = try requireWritableDirectory(parent, name: name)
         let (path, fd) = try spool.create()
         let result: (Node, SpoolFile, UInt64) = state.withLock { s in
@@ -135,6 +136,7 @@ extension Filesystem {
     public func mknod(parent: InodeNumber, name: String, mode: UInt16, kind: NodeKind?, caller: Caller) throws(FSError)
         -> Attributes
     {
+        defer { boundNodes() }
         switch kind {
         case .file?:
             let (attributes, opened) = try create(parent: parent, name: name, mode: mode, caller: caller)
@@ -178,7 +180,8 @@ extension Filesystem {
     }
 
     public func mkdir(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError) -> Attributes {
-        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+        defer { boundNodes() }
+        return try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
             let directory = try requireWritableDirectory(parent, name: name, suffix: 1)
             let prefix = directory.key + name + "/"
             let stored = newAttributes(mode: mode, caller: caller, in: directory, isDirectory: true)
@@ -205,7 +208,8 @@ extension Filesystem {
     }
 
     public func symlink(parent: InodeNumber, name: String, target: String, caller: Caller) throws(FSError) -> Attributes {
-        try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
+        defer { boundNodes() }
+        return try forgettingOnFailure([(parent, name)]) { () throws(FSError) in
             let directory = try requireWritableDirectory(parent, name: name)
             let key = directory.key + name
             var stored = newAttributes(mode: 0o777, caller: caller, in: directory)

@@ -102,10 +102,15 @@ public final class Filesystem: Sendable {
         /// Uploads under way per inode, with a group left when the last ends (`commit`; an
         /// attribute POST waits for them, `postHoldingUploads`).
         var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
+        /// Passes asking the kernel to forget names (`Filesystem+Bound`).
+        var bound = BoundState()
 
-        /// Drops the listings of directories the inode table no longer holds.
+        /// Drops the listings of directories the inode table no longer holds, and keeps the
+        /// numbers of names whose nodes the kernel forgot for their next nodes (readdir may have
+        /// shown them: d_ino = st_ino).
         mutating func sweep() {
             for directory in inodes.takeRemovedDirectories() { directories.remove(directory) }
+            for (parent, name, inode) in inodes.takeForgottenNames() { directories.reserveForgotten(parent, name, inode) }
         }
     }
 
@@ -173,11 +178,20 @@ public final class Filesystem: Sendable {
         state = Locked(
             State(
                 inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
-                directories: DirectoryCache(journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds))))
+                directories: DirectoryCache(
+                    journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds),
+                    nameLimit: configuration.maximumEntries)))
         let registry = configuration.metrics.registry
         let deletes = self.deletes
         registry.gauge("cssp_pending_deletes", help: "Deletes journaled by write-back and not yet sent.") {
             Double(deletes.backlog().count)
+        }
+        let state = self.state
+        registry.gauge("cssp_cached_entries", help: "Names whose attributes the mount keeps (the kernel holds them, or a spool).") {
+            Double(state.withLock { $0.inodes.nodes.count })
+        }
+        registry.gauge("cssp_remembered_names", help: "Names in the directory listings the mount remembers.") {
+            Double(state.withLock { $0.directories.rememberedNames })
         }
         registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
         registry.gauge("cssp_upload_bytes_done", help: "Bytes sent of the uploads in progress.") {
@@ -278,6 +292,7 @@ public final class Filesystem: Sendable {
 
     /// Resolves `name` in directory `parent`; on success the kernel holds one more lookup on it.
     public func lookup(parent: InodeNumber, name: String) throws(FSError) -> Attributes {
+        defer { boundNodes() }
         // An answer from before a change made here that no node remembers is asked again
         // (DirectoryCache rule 4); the last try takes what it gets, unless this mount removed the
         // name after the answer (see `link`).
@@ -303,6 +318,7 @@ public final class Filesystem: Sendable {
         try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
         let local: Attributes? = state.withLock { s in
+            s.directories.touch(parent)
             guard let node = s.inodes.child(parent, name) else { return nil }
             return lookUpSpooled(node.inode, in: &s)
         }
@@ -638,6 +654,12 @@ public final class Filesystem: Sendable {
     /// The kernel dropped `count` lookups of `inode`.
     public func forget(_ inode: InodeNumber, count: UInt64) {
         state.withLock { s in
+            // The listing first, when this drops the node: the next lookup makes a node from
+            // the remembered entry, which may describe a version older than the node knew
+            // (another client's, a HEAD showed it).
+            if let node = s.inodes[inode], node.lookups == count, node.pins == 0, node.linked, node.kind != .directory {
+                correctListing(describing: node, comparingTimes: false, in: &s)
+            }
             s.inodes.forget(inode, count: count)
             s.sweep()
         }
@@ -702,6 +724,7 @@ public final class Filesystem: Sendable {
         _ inode: InodeNumber, handle: UInt64, offset: Int64,
         emit: (String, NodeKind, InodeNumber, Attributes?, Int64) -> Bool
     ) throws(FSError) {
+        defer { boundNodes() }
         try walk(inode, handle: handle, offset: offset) { item, next in
             // Another tool's object: its metadata headers if a background HEAD already has them.
             var head: HeadAnswer? = nil
@@ -762,7 +785,10 @@ public final class Filesystem: Sendable {
         } else {
             reader = open.reader!
         }
-        let parent = state.withLock { $0.inodes[inode]?.parent } ?? Self.rootInode
+        let parent = state.withLock { s in
+            s.directories.touch(inode)
+            return s.inodes[inode]?.parent
+        } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }
         if offset <= 1 && !emit(.dot("..", parent), 2) { return }
         var index = Int(max(offset, 2) - 2)
@@ -887,6 +913,23 @@ public final class Filesystem: Sendable {
     /// Records a change we made in the remembered listing of `parent` (nil entry = removed).
     func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout State) {
         s.directories.record(parent, name: name, entry: entry, now: now())
+    }
+
+    /// Records `node` in its directory's remembered listing where that describes another
+    /// version (ETag, size, kind) or another mode or owner (a name the listing lacks is left
+    /// alone). `comparingTimes`: the modification time too, for a node this mount changed;
+    /// not for one the kernel forgets, since other tools' objects carry their time in a header
+    /// only a HEAD shows, and every such node would be recorded as changed here.
+    func correctListing(describing node: Node, comparingTimes: Bool, in s: inout State) {
+        guard let listing = s.directories.anyListing(node.parent), !listing.dropped,
+            let listed = listing.entries[node.name.exact]
+        else { return }
+        let stored = listed.parsedContentType.attributes
+        guard listed.etag != node.etag || listed.size != entry(for: node).size || listed.kind != node.kind
+            || stored.mode != node.stored.mode || stored.uid != node.stored.uid || stored.gid != node.stored.gid
+            || (comparingTimes && stored.mtime != node.stored.mtime)
+        else { return }
+        updateListing(describing: node, in: &s)
     }
 
     /// Records what we stored for `node` in its directory's listing, if a name still leads to it.

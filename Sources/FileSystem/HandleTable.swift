@@ -32,6 +32,14 @@ struct HandleTable {
 
     mutating func closeFile(_ number: UInt64) -> Filesystem.Handle? { files.removeValue(forKey: number) }
 
+    /// The inodes of files open for reading from the store (a spool's are `State.openFiles`).
+    var remoteInodes: Set<InodeNumber> {
+        Set(files.values.compactMap { handle in
+            if case .remote(_, let inode, _) = handle { return inode }
+            return nil
+        })
+    }
+
     func directory(_ number: UInt64) -> Filesystem.OpenDirectory? { directories[number] }
 
     mutating func update(_ number: UInt64, _ directory: Filesystem.OpenDirectory) {

@@ -187,7 +187,9 @@ enum PackedETag: Equatable {
 /// The rules it owns (each in one place):
 /// 1. A node lives while the kernel holds a lookup on it, a spool pins it (its bytes are not
 ///    stored yet), or a living node is linked below it (a pinned file keeps its directory). The
-///    root lives forever. Inode numbers are never reused, so the generation is always 0.
+///    root lives forever. A number is never given to another name, and to the same name again
+///    only once its node is gone (the kernel forgot it: readdir showed the number as d_ino,
+///    `reserved` in `link`); the generation is always 0 (no NFS export).
 /// 2. A name leads to at most one node. A name whose kind changes (file -> directory) gets a new
 ///    node; the old one is unhooked and lives until the kernel forgets it.
 /// 3. Identity (inode, parent, name, key, kind) changes only through `insert`, `link`, `unhook`
@@ -202,6 +204,11 @@ struct InodeTable {
     private var nextInode: InodeNumber = 2
     /// Directories dropped since the last `takeRemovedDirectories` (their listings must go too).
     private var removedDirectories: [InodeNumber] = []
+    /// Files, symlinks and special files dropped while a name still led to them (the kernel
+    /// forgot them), since the last
+    /// `takeForgottenNames`: readdir may have shown their numbers (d_ino), which the next node
+    /// of the name takes (DirectoryCache `reserve`).
+    private var forgottenNames: [(parent: InodeNumber, name: String, inode: InodeNumber)] = []
 
     init(rootKey: String, rootTime: Timestamp) {
         var root = Node(inode: Self.root, parent: Self.root, name: "", kind: .directory, key: rootKey, lastModified: rootTime)
@@ -387,10 +394,34 @@ struct InodeTable {
         return moved
     }
 
+    /// Up to `count` names whose nodes the kernel may be asked to forget (`meta_max_entries`,
+    /// `Filesystem+Bound`): files, symlinks and special files the kernel holds that nothing
+    /// pins (a spool, owed attributes) and `held` does not name (open), from `directories` in
+    /// that order. Directories are never chosen: the kernel forgets a directory entry even when
+    /// a process works in it, whose getcwd then fails.
+    func forgettable(
+        _ count: Int, in directories: [InodeNumber], held: Set<InodeNumber>
+    ) -> [(parent: InodeNumber, name: String)] {
+        var chosen: [(parent: InodeNumber, name: String)] = []
+        for directory in directories where chosen.count < count {
+            for (name, inode) in children.list(directory, in: nodes) where chosen.count < count && !held.contains(inode) {
+                guard let node = nodes[inode], node.kind != .directory, node.lookups > 0, node.pins == 0 else { continue }
+                chosen.append((directory, name.string))
+            }
+        }
+        return chosen
+    }
+
     /// Directories dropped since the last call.
     mutating func takeRemovedDirectories() -> [InodeNumber] {
         defer { removedDirectories = [] }
         return removedDirectories
+    }
+
+    /// Nodes dropped while a name led to them, since the last call.
+    mutating func takeForgottenNames() -> [(parent: InodeNumber, name: String, inode: InodeNumber)] {
+        defer { forgottenNames = [] }
+        return forgottenNames
     }
 
     /// Rule 1, the only place a node is dropped.
@@ -402,6 +433,9 @@ struct InodeTable {
         if wasLinked { children.remove(node.parent, node.name, in: nodes) }
         nodes[inode] = nil
         if node.kind == .directory { removedDirectories.append(inode) }
+        // (Not a directory's: its listing and change count go with its number, and an answer
+        // asked under the old node must not count as one about the new.)
+        if wasLinked && node.kind != .directory { forgottenNames.append((node.parent, node.name, inode)) }
         if wasLinked { collectIfUnused(node.parent) }
     }
 }

@@ -17,10 +17,16 @@ public final class KernelCache: Sendable {
     public typealias Store = @Sendable (InodeNumber, Int64, UnsafeRawBufferPointer) -> Void
     /// Drops the kernel's attributes of the inode and, if the flag is set, its pages.
     public typealias Invalidate = @Sendable (InodeNumber, Bool) -> Void
+    /// Asks the kernel to drop its entry for a name in a directory (parent, name): once nothing
+    /// uses the inode, the kernel forgets it (`Filesystem.forget`). Never called on a request's
+    /// own thread: the kernel takes the directory's lock, which a lookup in it may hold.
+    public typealias ForgetEntry = @Sendable (InodeNumber, String) -> Void
 
     /// Protects the installed functions (never held while one runs: a store can wait for pages
     /// the kernel has locked for a read not answered yet).
     private let functions = Locked<(store: Store, invalidate: Invalidate)?>(nil)
+    /// Installed apart (the reference model's kernel drops entries and keeps no pages).
+    private let entryForgetter = Locked<ForgetEntry?>(nil)
     private let installed = Atomic<Bool>(false)
     /// Calls into the session under way (`uninstall` waits for them).
     private let running = Atomic<Int>(0)
@@ -32,11 +38,21 @@ public final class KernelCache: Sendable {
         installed.store(true, ordering: .sequentiallyConsistent)
     }
 
+    /// Lets the filesystem ask the kernel to forget names (`meta_max_entries`, see
+    /// `Filesystem+Bound`). Stopped by `uninstall` with the rest.
+    public func install(forgetEntry: @escaping ForgetEntry) {
+        entryForgetter.withLock { $0 = forgetEntry }
+    }
+
+    /// Whether names can be handed to the kernel to forget.
+    var forgetsEntries: Bool { entryForgetter.withLock { $0 != nil } }
+
     /// Stops further calls and waits (up to 2 s) for running ones, so that the session can be
     /// destroyed. Called after the unmount, when the kernel fails any store at once.
     public func uninstall() {
         installed.store(false, ordering: .sequentiallyConsistent)
         functions.withLock { $0 = nil }
+        entryForgetter.withLock { $0 = nil }
         var waited = 0
         while running.load(ordering: .sequentiallyConsistent) > 0 && waited < 2000 {
             usleep(1000)
@@ -53,6 +69,15 @@ public final class KernelCache: Sendable {
         // Checked again after counting, so that `uninstall` either sees this call or stops it.
         guard isInstalled else { return }
         body(installed)
+    }
+
+    /// Asks the kernel to drop its entry for `name` in `parent` (see `ForgetEntry`).
+    func forgetEntry(_ parent: InodeNumber, _ name: String) {
+        guard let forget = entryForgetter.withLock({ $0 }) else { return }
+        running.add(1, ordering: .sequentiallyConsistent)
+        defer { running.subtract(1, ordering: .sequentiallyConsistent) }
+        guard entryForgetter.withLock({ $0 != nil }) else { return }
+        forget(parent, name)
     }
 
     func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {

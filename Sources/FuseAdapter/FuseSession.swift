@@ -98,6 +98,11 @@ public final class FuseSession {
                 // A negative offset: only the attributes.
                 _ = fuse_lowlevel_notify_inval_inode(session.raw, fuse_ino_t(inode), pages ? 0 : -1, 0)
             })
+        filesystem.kernelCache.install(forgetEntry: { parent, name in
+            // ENOENT (the kernel holds no such entry) is as good as done.
+            // (libfuse sends the terminating NUL too.)
+            _ = name.withCString { fuse_lowlevel_notify_inval_entry(session.raw, fuse_ino_t(parent), $0, name.utf8.count) }
+        })
     }
 
     /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's

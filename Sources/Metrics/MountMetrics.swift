@@ -22,6 +22,8 @@ public final class MountMetrics: Sendable {
     public let fuseOperations: CounterFamily
     /// Operations answered with an error, by `op` and `errno` (its symbolic name).
     public let errors: CounterFamily
+    /// Names the kernel was asked to forget to keep the mount's metadata under `meta_max_entries`.
+    public let entriesForgotten: Counter
 
     public init() {
         requests = registry.counters(
@@ -44,5 +46,7 @@ public final class MountMetrics: Sendable {
         errors = registry.counters(
             "cssp_errors_total", help: "Operations answered with an error, by operation and errno.",
             labels: ["op", "errno"])
+        entriesForgotten = registry.counter(
+            "cssp_entries_forgotten_total", help: "Names the kernel was asked to forget, to stay under meta_max_entries.")
     }
 }

@@ -253,6 +253,7 @@ enum MountCommand {
         fsConfiguration.memoryBudget = MemoryBudget(limit: Int64(options.memoryMiB) << 20)
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
         fsConfiguration.listAhead = options.listAhead
+        fsConfiguration.maximumEntries = options.metaMaxEntries
         // Test hook: the first retry of an owed upload waits this long, so that a test sees what
         // only the unmount's drain stores (README, Tests). Never needed in production.
         if let seconds = Double(env["CSSP_TEST_PENDING_RETRY_SECONDS"] ?? "") { fsConfiguration.pendingRetrySeconds = seconds }

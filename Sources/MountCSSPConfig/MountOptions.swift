@@ -54,6 +54,8 @@ public struct MountOptions: Sendable, Equatable {
     public var metadataPrefetch = 10_000
     /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`).
     public var listAhead = 8
+    /// At most this many names' attributes and, apart, names in remembered listings (`meta_max_entries`; 0: no bound).
+    public var metaMaxEntries = 250_000
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
     public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
@@ -306,6 +308,7 @@ public enum Arguments {
             options.logLevel = level
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "list_ahead": options.listAhead = try integer(0...64)
+        case "meta_max_entries": options.metaMaxEntries = try integer(0...1_000_000_000)
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
             let kib = try integer(64...16384)
@@ -368,6 +371,10 @@ public enum Arguments {
                                  0 = off (default 10000)
           list_ahead=N           after readdir lists a directory, list up to N of its subdirectories
                                  at once ahead of find, du or rsync; 0 = off (default 8)
+          meta_max_entries=N     keep the attributes of at most N names (files of the directories used
+                                 longest ago are handed back to the kernel to forget) and at most N
+                                 names in remembered listings; about 250 bytes each; 0 = no bound
+                                 (default 250000)
           cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
                                  cache (default 4G, or a quarter of the free space if less)
           cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)

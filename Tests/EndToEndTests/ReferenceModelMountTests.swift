@@ -96,9 +96,13 @@ final class MountModelRun {
     /// The mount options of a seed's run, in turn: the defaults (the kernel caches names and
     /// attributes for a second); no cache at all (`attr_timeout=0` also makes every `stat` a HEAD);
     /// names not cached by the kernel, so that every `stat` shows what the daemon answers; and
-    /// write-back (closes return before the upload; issue 20).
+    /// write-back (closes return before the upload; issue 20). The last two keep at most 8
+    /// names (issue 21): the kernel is asked to forget names every few operations.
     static func options(seed: UInt64) -> [String] {
-        [[], ["cache_size=0", "attr_timeout=0", "entry_timeout=0"], ["entry_timeout=0"], ["writeback"]][Int((seed + 2) % 4)]
+        [
+            [], ["cache_size=0", "attr_timeout=0", "entry_timeout=0"], ["entry_timeout=0", "meta_max_entries=8"],
+            ["writeback", "meta_max_entries=8"],
+        ][Int((seed + 2) % 4)]
     }
 
     init(_ environment: Environment, seed: UInt64) throws {

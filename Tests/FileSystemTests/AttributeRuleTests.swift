@@ -238,4 +238,50 @@ struct AttributeRuleTests {
         #expect(!store.keys.contains("f"))
         #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
     }
+
+    /// A chmod stored while the file is open (its spool keeps the remembered listing's entry as
+    /// it was), then the last handle closes and the kernel forgets the node: the next lookup,
+    /// made from the remembered listing, shows the chmod (core model seed 22, with
+    /// meta_max_entries 6, one run in three).
+    @Test func aChmodStoredWhileTheFileWasOpenOutlivesItsNode() throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        #expect(try fs.names(in: root).isEmpty)  // the listing is remembered from now on
+        let file = try fs.storeFile(root, "f", Array("one".utf8), mode: 0o640)
+        let held = try fs.open(file.inode, writable: true, truncate: false).handle
+        _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
+        #expect(fs.storeOwedAttributes().isEmpty)
+        #expect(store.object("f")?.contentType.contains("cssp-mode=0600") == true)
+        fs.release(handle: held)
+        fs.forget(file.inode, count: 1)
+        #expect(fs.state.withLock { $0.inodes[file.inode] } == nil)
+        #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600)
+    }
+
+    /// Another client's version seen by a HEAD, then the node goes (the kernel forgot it): the
+    /// next lookup within dir_timeout, from the remembered listing, shows that version, not the
+    /// one the listing (or this mount's own earlier change of the name) described (mount model
+    /// seed 1 with meta_max_entries=8: our mode 0640 came back over another client's object).
+    @Test(arguments: [false, true])
+    func anotherClientsVersionAHeadShowedOutlivesTheNode(writtenHere: Bool) throws {
+        let store = FakeObjectStore()
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        if !writtenHere { store.seed("f", text: "first") }
+        #expect(try fs.names(in: root) == (writtenHere ? [] : ["f"]))  // remembered from now on
+        let inode =
+            writtenHere
+            ? try fs.storeFile(root, "f", Array("first".utf8), mode: 0o640).inode
+            : try fs.lookup(parent: root, name: "f").inode
+        store.seed("f", text: "the other client's")
+        clock.advance(2)  // beyond attr_timeout, within dir_timeout
+        #expect(try fs.getattr(inode).size == 18)  // a HEAD
+        fs.forget(inode, count: 1)
+        #expect(fs.state.withLock { $0.inodes[inode] } == nil)
+        let again = try fs.lookup(parent: root, name: "f")
+        #expect(again.size == 18)
+        #expect(again.permissions == 0o644)
+        #expect(try fs.text(root, "f") == "the other client's")
+    }
 }

@@ -206,6 +206,33 @@ struct DirectoryCacheTests {
         DirectoryEntry(name: name, kind: .file, key: name, size: 1, etag: "e", lastModified: .zero, contentType: "")
     }
 
+    /// Rule 5: past `nameLimit` names, the listings remembered longest ago are dropped down to
+    /// nine tenths of it, never the newest (even alone past the limit); a dropped listing
+    /// answers nothing and keeps what was recorded in it (a reader still reading it adds that).
+    @Test func pastTheNameLimitTheListingsRememberedLongestAgoGo() {
+        var cache = DirectoryCache(journalSeconds: 5, nameLimit: 20)
+        func names(_ prefix: String, _ count: Int) -> EntryTable { EntryTable((0..<count).map { entry("\(prefix)\($0)") }) }
+        for directory: InodeNumber in [11, 12, 13] {
+            #expect(cache.remember(names("n", 6), for: directory, now: 1, startedAt: 0, askedAt: 1).remembered)
+        }
+        #expect(cache.rememberedNames == 18)
+        cache.record(11, name: "made", entry: entry("made"), now: 1)
+        // The fourth makes 24 names: 11 goes (18), then 12 would leave 12 but one is enough.
+        #expect(cache.remember(names("m", 6), for: 14, now: 2, startedAt: 0, askedAt: 2).remembered)
+        #expect(cache.rememberedNames == 18)
+        #expect(cache.listing(11, now: 2, maximumAge: 5) == nil)
+        #expect(cache.anyListing(11)?.entries.addedHere.map(\.name) == ["made"])
+        for directory: InodeNumber in [12, 13, 14] { #expect(cache.listing(directory, now: 2, maximumAge: 5)?.entries.count == 6) }
+        // A listing of 30 names alone is past the limit and stays; every other goes.
+        #expect(cache.remember(names("big", 30), for: 15, now: 3, startedAt: 0, askedAt: 3).remembered)
+        #expect(cache.rememberedNames == 30)
+        #expect(cache.listing(15, now: 3, maximumAge: 5)?.entries.count == 30)
+        for directory: InodeNumber in [12, 13, 14] { #expect(cache.listing(directory, now: 3, maximumAge: 5) == nil) }
+        // A dropped listing is replaced by the next one of its directory.
+        #expect(cache.remember(names("n", 2), for: 11, now: 4, startedAt: cache.changeCount(11), askedAt: 4).remembered)
+        #expect(cache.listing(11, now: 4, maximumAge: 5)?.entries.sorted.map(\.name) == ["made", "n0", "n1"])
+    }
+
     /// Rule 2: a listing that started before a change made here is remembered with the change
     /// applied (it was refused, and creates from several processes listed the directory again
     /// for every name); one that started before a change no longer journaled is refused.

@@ -114,7 +114,33 @@ final class KernelSimulator {
     /// Lookups the kernel holds per inode (to be forgotten).
     var lookups: [InodeNumber: UInt64] = [:]
 
-    init(_ fs: Filesystem) { self.fs = fs }
+    /// Names the filesystem asked the kernel to forget (`meta_max_entries`), not carried out yet.
+    let askedToForget = Locked<[(parent: InodeNumber, name: String)]>([])
+
+    init(_ fs: Filesystem) {
+        self.fs = fs
+        fs.kernelCache.install(forgetEntry: { [askedToForget] parent, name in askedToForget.withLock { $0.append((parent, name)) } })
+    }
+
+    /// Carries out what the filesystem asked to forget so far, as the kernel does between two
+    /// system calls: the entry goes, and the inode is forgotten unless it is open (`keeping`).
+    /// Returns how many were forgotten.
+    func forgetAsked(keeping: Set<InodeNumber>) -> Int {
+        let asked: [(parent: InodeNumber, name: String)] = askedToForget.withLock { a in
+            defer { a = [] }
+            return a
+        }
+        var forgotten = 0
+        for (parent, name) in asked {
+            guard let inode = fs.state.withLock({ $0.inodes.child(parent, name)?.inode }), let count = lookups[inode] else { continue }
+            for path in dentries.keys where dentries[path] == inode { dentries[path] = nil }
+            guard !keeping.contains(inode) else { continue }
+            fs.forget(inode, count: count)
+            lookups[inode] = nil
+            forgotten += 1
+        }
+        return forgotten
+    }
 
     func counted(_ path: String, _ inode: InodeNumber) {
         dentries[path] = inode
@@ -268,6 +294,9 @@ final class ReferenceModelRun {
             configuration.directoryCacheSeconds = 0
             configuration.attributeCacheSeconds = 0
         }
+        // Half the runs keep at most 6 names (issue 21): the kernel is asked to forget names,
+        // and listings are dropped, every few operations.
+        if seed % 4 >= 2 { configuration.maximumEntries = 6 }
         kernel = KernelSimulator(try Filesystem(store: faulty, configuration: configuration, logger: Self.quietLogger))
     }
 
@@ -355,6 +384,8 @@ final class ReferenceModelRun {
         while operations < count {
             try randomOperation()
             trace.append("    open handles: \(handles.map(\.number))")
+            let forgotten = kernel.forgetAsked(keeping: Set(handles.map(\.inode) + openDirectories.map(\.inode)))
+            if forgotten > 0 { trace.append("    the kernel forgot \(forgotten) names (meta_max_entries)") }
             clock.advance(Double.random(in: 0...0.4, using: &random))
         }
         try checkEverything()

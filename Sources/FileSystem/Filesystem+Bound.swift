@@ -1,0 +1,68 @@
+import Metrics
+
+/// Metadata in bounded memory (issue 21, `meta_max_entries`). A node is kept for every name the
+/// kernel holds (InodeTable rule 1), and the kernel keeps what it looked up until memory runs
+/// short, so without a bound a walk of a huge container keeps every name it passed.
+///
+/// The rules:
+/// 1. Names in remembered listings: at most `maximumEntries` (DirectoryCache rule 5; the
+///    listings remembered longest ago go, the newest stays).
+/// 2. Nodes: past `maximumEntries`, the kernel is asked to forget names (`KernelCache.forgetEntry`)
+///    until nine tenths are left: the files, symlinks and special files of the directories used
+///    longest ago first; never a directory, a file open here, or a node a spool or owed
+///    attributes pin (`InodeTable.forgettable`). The kernel forgets (FORGET) each inode it no
+///    longer uses, and rule 1 drops the node; one it still uses stays. A name forgotten is
+///    looked up again when asked for, from a remembered listing or the store, and shows what
+///    the store holds plus this mount's changes (DirectoryCache rules 2 and 4 hold whatever
+///    node is gone).
+/// 3. The kernel is asked from a pool thread, never a request's (it takes the directory's lock,
+///    which a lookup there may hold), one pass at a time. A pass starts when the nodes exceed
+///    the bound and a twentieth of the bound was added since the last pass began, or a second
+///    went by (names the kernel keeps are not asked for again at every operation). A second
+///    after a pass that asked for names, another runs if the nodes are still past the bound
+///    but fewer than when it began (the kernel forgets as it can; an idle mount gets there
+///    too, and names the kernel will not forget, such as a file mapped after its close, are
+///    not asked for every second).
+struct BoundState {
+    var running = false
+    /// The node count and the time when the last pass began.
+    var lastPass: (count: Int, at: Double) = (0, -.infinity)
+}
+
+extension Filesystem {
+    /// After an operation that may have added nodes: starts a pass if there are too many
+    /// (rules 2 and 3). Without a kernel to ask (tests of the core that install none), nothing.
+    /// `followUp`: the check a second after a pass (rule 3).
+    func boundNodes(followUp: Bool = false) {
+        let limit = configuration.maximumEntries
+        guard limit > 0, kernelCache.forgetsEntries else { return }
+        let now = now()
+        let start = state.withLock { s -> Bool in
+            let count = s.inodes.nodes.count
+            let due =
+                followUp
+                ? count < s.bound.lastPass.count
+                : count >= s.bound.lastPass.count + max(1, limit / 20) || now - s.bound.lastPass.at >= 1
+            guard count > limit, !s.bound.running, due else { return false }
+            s.bound = BoundState(running: true, lastPass: (count, now))
+            return true
+        }
+        guard start else { return }
+        if !pool.submit({ [self] in forgetPass() }) { state.withLock { $0.bound.running = false } }
+    }
+
+    /// Asks the kernel to forget names until nine tenths of the bound are left (rule 2).
+    private func forgetPass() {
+        let limit = configuration.maximumEntries
+        let names = state.withLock { s -> [(parent: InodeNumber, name: String)] in
+            let excess = s.inodes.nodes.count - (limit - limit / 10)
+            guard excess > 0 else { return [] }
+            let held = s.handles.remoteInodes.union(s.openFiles.keys)
+            return s.inodes.forgettable(excess, in: s.directories.directoriesByUse, held: held)
+        }
+        for (parent, name) in names { kernelCache.forgetEntry(parent, name) }
+        configuration.metrics.entriesForgotten.add(Int64(names.count))
+        state.withLock { $0.bound.running = false }
+        if !names.isEmpty { pool.submit(after: 1) { [self] in boundNodes(followUp: true) } }
+    }
+}
