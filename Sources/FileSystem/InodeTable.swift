@@ -576,7 +576,8 @@ struct NodeStore: Sequence {
 
 /// A `Node` as `NodeStore` keeps most: without its inode (the store's index has it) and its key
 /// (the store keeps it aside, or makes it from the directory's: `keyIsDerived`), its rare fields
-/// (none set), an MD5 ETag as two words, times in nanoseconds, the base content type as a number.
+/// (none set), an MD5 ETag as two words, times in nanoseconds, the base content type as a number,
+/// `metadataKnownAt` as a flag (0, or when size and ETag were confirmed: a HEAD sets both).
 private struct ThinNode {
     var parent: InodeNumber
     var name: String
@@ -585,7 +586,6 @@ private struct ThinNode {
     var lastModified: Int64
     var mtime: Int64
     var confirmedAt: Double
-    var metadataKnownAt: Double
     var describedAsOf: UInt64
     var uid: UInt32
     var gid: UInt32
@@ -605,6 +605,8 @@ private struct ThinNode {
         static let attributesOwed: UInt16 = 1 << 8
         static let linked: UInt16 = 1 << 9
         static let keyIsDerived: UInt16 = 1 << 10
+        /// `metadataKnownAt` is `confirmedAt` (else 0; a node with another is kept whole).
+        static let metadataKnown: UInt16 = 1 << 11
     }
 
     private static let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket]
@@ -632,7 +634,6 @@ private struct ThinNode {
         self.lastModified = lastModified
         self.mtime = mtime
         self.confirmedAt = confirmedAt
-        self.metadataKnownAt = metadataKnownAt
         self.describedAsOf = describedAsOf
         uid = stored.uid ?? 0
         gid = stored.gid ?? 0
@@ -648,12 +649,14 @@ private struct ThinNode {
         if stored.mtime != nil { flags |= Flag.hasMtime }
         if attributesOwed { flags |= Flag.attributesOwed }
         if linked { flags |= Flag.linked }
+        if metadataKnownAt != 0 { flags |= Flag.metadataKnown }
     }
 
     var kind: NodeKind { Self.kinds[Int(flags & Flag.kind)] }
     var hasEtag: Bool { flags & Flag.hasEtag != 0 }
     var attributesOwed: Bool { flags & Flag.attributesOwed != 0 }
     var linked: Bool { flags & Flag.linked != 0 }
+    var metadataKnownAt: Double { flags & Flag.metadataKnown != 0 ? confirmedAt : 0 }
 
     var stored: StoredAttributes {
         StoredAttributes(
@@ -667,7 +670,7 @@ extension Node {
     /// This node as a thin one, if it is like most (see `ThinNode`), without its key.
     fileprivate func thin(contentType: UInt16) -> ThinNode? {
         guard rare == nil, let modified = PackedEntries.nanoseconds(lastModified), lookups <= UInt64(UInt32.max),
-            pins >= 0, pins <= Int32(UInt8.max)
+            pins >= 0, pins <= Int32(UInt8.max), metadataKnownAt == 0 || metadataKnownAt == confirmedAt
         else { return nil }
         var mtime: Int64 = 0
         if let stamp = stored.mtime {

@@ -10,6 +10,8 @@ import ObjectStore
 ///    (a table per collection), csspfs's attribute parameters are numbers. Only when the
 ///    content type made back from them is byte for byte the one listed; else it is kept whole.
 /// 4. Times are nanoseconds since the epoch in an Int64 (years 1678 to 2262; others kept whole).
+/// 5. Sizes are 4 bytes until one needs 8, and the attribute columns take no room until an entry
+///    has attributes (a listing of other tools' objects has none).
 /// Whatever does not pack (another key, ETag, content type or time) is kept as it came, in a
 /// table of exceptions: an entry reads back exactly as it was appended.
 struct PackedEntries: Sendable, RandomAccessCollection {
@@ -21,12 +23,15 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     private var ends: [UInt32] = []
     /// The kind (low 3 bits) and the `Flag`s.
     private var flags: [UInt8] = []
-    private var sizes: [Int64] = []
+    /// Sizes while every one fits 32 bits; then `wideSizes` (and this is empty).
+    private var sizes: [UInt32] = []
+    private var wideSizes: [Int64]? = nil
     private var modified: [Int64] = []
     /// Two words an MD5.
     private var digests: [UInt64] = []
     private var types: [UInt16] = []
-    /// `cssp-` parameters: mode (with `Flag.hasMode`), uid, gid (their flags), mtime in ns.
+    /// `cssp-` parameters: mode (with `Flag.hasMode`), uid, gid (their flags), mtime in ns;
+    /// empty until an entry has one (then one each for every entry).
     private var modes: [UInt16] = []
     private var owners: [UInt64] = []
     private var mtimes: [Int64] = []
@@ -65,7 +70,8 @@ struct PackedEntries: Sendable, RandomAccessCollection {
 
     /// Bytes held (the arrays' contents, not their spare capacity), for tests and --stats.
     var bytes: Int {
-        names.count + ends.count * 4 + flags.count + sizes.count * 8 + modified.count * 8 + digests.count * 8
+        names.count + ends.count * 4 + flags.count + sizes.count * 4 + (wideSizes?.count ?? 0) * 8 + modified.count * 8
+            + digests.count * 8
             + types.count * 2 + modes.count * 2 + owners.count * 8 + mtimes.count * 8 + exceptions.count * 64
     }
 
@@ -83,7 +89,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         var parsed: (base: String, attributes: StoredAttributes)? = nil
         if contentType == nil {
             let base = baseTypes[types[position]]
-            if flag & (Flag.hasMode | Flag.hasUid | Flag.hasGid) == 0 && owners[position] & Self.hasMtime == 0 {
+            if flag & (Flag.hasMode | Flag.hasUid | Flag.hasGid) == 0 && owner(position) & Self.hasMtime == 0 {
                 contentType = base
                 parsed = (base, StoredAttributes())
             } else {
@@ -93,7 +99,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
             }
         }
         return DirectoryEntry(
-            name: name, kind: kind, key: key, size: sizes[position], etag: etag, lastModified: lastModified,
+            name: name, kind: kind, key: key, size: size(position), etag: etag, lastModified: lastModified,
             contentType: contentType!, knownParse: parsed)
     }
 
@@ -107,6 +113,11 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         exact(&ends)
         exact(&flags)
         exact(&sizes)
+        if var wide = wideSizes {
+            wideSizes = nil
+            exact(&wide)
+            wideSizes = wide
+        }
         exact(&modified)
         exact(&digests)
         exact(&types)
@@ -138,7 +149,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
             digests.append(0)
             digests.append(0)
         }
-        sizes.append(entry.size)
+        appendSize(entry.size)
         if let nanoseconds = Self.nanoseconds(entry.lastModified) {
             modified.append(nanoseconds)
         } else {
@@ -154,20 +165,18 @@ struct PackedEntries: Sendable, RandomAccessCollection {
             let number = baseTypes.number(base)
         {
             types.append(number)
-            if let mode = attributes.mode { flag |= Flag.hasMode; modes.append(mode) } else { modes.append(0) }
             var owner: UInt64 = 0
+            if attributes.mode != nil { flag |= Flag.hasMode }
             if let uid = attributes.uid { flag |= Flag.hasUid; owner |= UInt64(uid) }
             if let gid = attributes.gid { flag |= Flag.hasGid; owner |= UInt64(gid) << 32 & ~Self.hasMtime }
             // A gid with the top bit set does not fit beside the mtime flag: kept whole.
             if let gid = attributes.gid, gid & 0x8000_0000 != 0 { exception.contentType = entry.contentType }
-            if let mtime { owner |= Self.hasMtime; mtimes.append(mtime) } else { mtimes.append(0) }
-            owners.append(owner)
+            if mtime != nil { owner |= Self.hasMtime }
+            appendAttributes(mode: attributes.mode ?? 0, owner: owner, mtime: mtime ?? 0, present: !plain)
         } else {
             exception.contentType = entry.contentType
             types.append(0)
-            modes.append(0)
-            owners.append(0)
-            mtimes.append(0)
+            appendAttributes(mode: 0, owner: 0, mtime: 0, present: false)
         }
         if exception.key != nil || exception.etag != nil || exception.contentType != nil || exception.lastModified != nil {
             flag |= Flag.exception
@@ -175,6 +184,36 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         }
         flags.append(flag)
     }
+
+    private mutating func appendSize(_ size: Int64) {
+        if wideSizes != nil {
+            wideSizes!.append(size)
+        } else if let narrow = UInt32(exactly: size) {
+            sizes.append(narrow)
+        } else {
+            wideSizes = sizes.map { Int64($0) } + [size]
+            sizes = []
+        }
+    }
+
+    private func size(_ position: Int) -> Int64 { wideSizes?[position] ?? Int64(sizes[position]) }
+
+    /// One entry's attribute columns (none while every entry so far had none and this has none:
+    /// `present` false).
+    private mutating func appendAttributes(mode: UInt16, owner: UInt64, mtime: Int64, present: Bool) {
+        if modes.isEmpty {
+            if !present { return }
+            let before = ends.count - 1
+            modes = Array(repeating: 0, count: before)
+            owners = Array(repeating: 0, count: before)
+            mtimes = Array(repeating: 0, count: before)
+        }
+        modes.append(mode)
+        owners.append(owner)
+        mtimes.append(mtime)
+    }
+
+    private func owner(_ position: Int) -> UInt64 { owners.isEmpty ? 0 : owners[position] }
 
     /// Whether the entry's key is the prefix and its name (and "/" for a directory), compared
     /// in place: this runs for every entry of every listing.
@@ -203,11 +242,11 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         case .directory: return true
         case .symlink, .fifo, .socket: return false
         case .file:
-            if sizes[position] == 0 { return true }
+            if size(position) == 0 { return true }
             if flag & Flag.exception != 0, let contentType = exceptions[Int32(position)]?.contentType {
                 return StoredAttributes.parse(contentType: contentType).attributes.mtime == nil
             }
-            return owners[position] & Self.hasMtime == 0
+            return owner(position) & Self.hasMtime == 0
         }
     }
 
@@ -218,7 +257,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     }
 
     private func attributes(_ position: Int, _ flag: UInt8) -> StoredAttributes {
-        let owner = owners[position]
+        let owner = owner(position)
         return StoredAttributes(
             mode: flag & Flag.hasMode != 0 ? modes[position] : nil,
             uid: flag & Flag.hasUid != 0 ? UInt32(truncatingIfNeeded: owner) : nil,
