@@ -36,14 +36,15 @@ extension Filesystem {
     func boundNodes(followUp: Bool = false) {
         let limit = configuration.maximumEntries
         guard limit > 0, kernelCache.forgetsEntries else { return }
-        let now = now()
         let start = state.withLock { s -> Bool in
             let count = s.inodes.nodes.count
+            guard count > limit else { return false }
+            let now = now()
             let due =
                 followUp
                 ? count < s.bound.lastPass.count
                 : count >= s.bound.lastPass.count + max(1, limit / 20) || now - s.bound.lastPass.at >= 1
-            guard count > limit, !s.bound.running, due else { return false }
+            guard !s.bound.running, due else { return false }
             s.bound = BoundState(running: true, lastPass: (count, now))
             return true
         }

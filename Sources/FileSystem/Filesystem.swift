@@ -925,7 +925,7 @@ public final class Filesystem: Sendable {
             let listed = listing.entries[node.name.exact]
         else { return }
         let stored = listed.parsedContentType.attributes
-        guard listed.etag != node.etag || listed.size != entry(for: node).size || listed.kind != node.kind
+        guard listed.etag != node.etag || listed.size != (node.manifest == nil ? node.size : 0) || listed.kind != node.kind
             || stored.mode != node.stored.mode || stored.uid != node.stored.uid || stored.gid != node.stored.gid
             || (comparingTimes && stored.mtime != node.stored.mtime)
         else { return }

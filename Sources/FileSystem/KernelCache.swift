@@ -62,22 +62,23 @@ public final class KernelCache: Sendable {
 
     var isInstalled: Bool { installed.load(ordering: .sequentiallyConsistent) }
 
-    private func call(_ body: ((store: Store, invalidate: Invalidate)) -> Void) {
-        guard let installed = functions.withLock({ $0 }) else { return }
+    /// Runs `body` with what `installed` holds, counted in `running`; `installed` is read again
+    /// after counting, so that `uninstall` either waits for this call or stops it.
+    private func counted<T>(_ installed: () -> T?, _ body: (T) -> Void) {
+        guard let value = installed() else { return }
         running.add(1, ordering: .sequentiallyConsistent)
         defer { running.subtract(1, ordering: .sequentiallyConsistent) }
-        // Checked again after counting, so that `uninstall` either sees this call or stops it.
-        guard isInstalled else { return }
-        body(installed)
+        guard installed() != nil else { return }
+        body(value)
+    }
+
+    private func call(_ body: ((store: Store, invalidate: Invalidate)) -> Void) {
+        counted({ isInstalled ? functions.withLock { $0 } : nil }, body)
     }
 
     /// Asks the kernel to drop its entry for `name` in `parent` (see `ForgetEntry`).
     func forgetEntry(_ parent: InodeNumber, _ name: String) {
-        guard let forget = entryForgetter.withLock({ $0 }) else { return }
-        running.add(1, ordering: .sequentiallyConsistent)
-        defer { running.subtract(1, ordering: .sequentiallyConsistent) }
-        guard entryForgetter.withLock({ $0 != nil }) else { return }
-        forget(parent, name)
+        counted({ entryForgetter.withLock { $0 } }) { $0(parent, name) }
     }
 
     func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
