@@ -571,7 +571,7 @@ extension Filesystem {
     private func retryUpload(_ open: SpoolFile) {
         guard open.state.withLock({ $0.retryIsDue() }) else { return }
         do {
-            try commit(open, owed: true)
+            try commit(open)
             logger.notice("stored \(open.path) after an earlier failure")
             retire(open)
         } catch {
@@ -580,7 +580,20 @@ extension Filesystem {
         }
     }
 
-    /// Where an owed upload of bytes that replace `base` goes: `key` while the object there is
+    /// The check every upload of bytes makes right before its last request (issue 22: no silent
+    /// lost update): bytes that replace the version `base` go to `key` only while the object
+    /// there is still that version, a new name's (`base` empty) only while nothing is there.
+    func lostUpdateCheck(key: String, base: String, bytes: (path: String, size: Int64), store: (any ObjectStore)? = nil)
+        -> Uploader.Check
+    {
+        Uploader.Check(
+            destination: { () throws(ObjectStoreError) in
+                try self.destinationForOwedUpload(key: key, base: base, bytes: bytes, store: store)
+            },
+            expectsAbsent: base.isEmpty)
+    }
+
+    /// Where an upload of bytes that replace `base` goes: `key` while the object there is
     /// still that version (or still absent for a new name) or already holds these `bytes`, else
     /// a conflict copy beside it, so that neither another client's newer version nor ours is lost.
     func destinationForOwedUpload(
@@ -629,9 +642,10 @@ extension Filesystem {
             node.stored.metadata(mergedInto: info.metadata))
     }
 
-    /// Uploads the spool (or only its metadata) if it changed since the last upload. `owed`: a
-    /// retry of a failed upload, which first checks that nobody else changed the object.
-    func commit(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
+    /// Uploads the spool (or only its metadata) if it changed since the last upload. Bytes go to
+    /// a conflict copy when the object changed since this mount read or wrote it
+    /// (`lostUpdateCheck`).
+    func commit(_ open: SpoolFile) throws(FSError) {
         // Counted as under way, under the file's attribute lock: an attribute HEAD + POST of it
         // either waits for this upload or finishes before it starts (`postHoldingUploads`).
         let inode = open.inode
@@ -660,7 +674,7 @@ extension Filesystem {
             ended?.leave()
         }
         do {
-            try open.uploadLock.withLock { () throws(FSError) in try commitLocked(open, owed: owed) }
+            try open.uploadLock.withLock { () throws(FSError) in try commitLocked(open) }
         } catch {
             end()
             throw error
@@ -680,21 +694,11 @@ extension Filesystem {
     }
 
     /// `commit`, for a caller that holds the spool's upload lock.
-    func commitLocked(_ open: SpoolFile, owed: Bool = false) throws(FSError) {
+    func commitLocked(_ open: SpoolFile) throws(FSError) {
         let snapshot = open.state.withLock { $0 }
         try Self.requireNoWriteFailure(snapshot)
         if !snapshot.needsUpload { return }
         guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
-        if owed && snapshot.dataDirty {
-            let destination: String
-            do {
-                destination = try destinationForOwedUpload(
-                    key: node.key, base: snapshot.baseETag, bytes: (open.path, snapshot.size))
-            } catch {
-                throw failedUpload(open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload", path: node.key))
-            }
-            if destination != node.key { return try storeConflictCopy(open, snapshot: snapshot, node: node, at: destination) }
-        }
         let (contentType, metadata) = storedForm(of: node)
         var etag = node.etag
         var manifest = node.manifest
@@ -715,7 +719,11 @@ extension Filesystem {
                 let replaced: String? = node.manifest == nil ? nil : (try? store.head(key: node.key))?.manifest
                 let result = try uploader.upload(
                     path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
-                    metadata: metadata, early: early, generations: snapshot.partGenerations)
+                    metadata: metadata, early: early, generations: snapshot.partGenerations,
+                    check: lostUpdateCheck(key: node.key, base: snapshot.baseETag, bytes: (open.path, snapshot.size)))
+                if result.key != node.key {
+                    return afterConflictCopy(open, snapshot: snapshot, node: node)
+                }
                 if let replaced, replaced != result.manifest {
                     uploader.deleteParts(manifest: replaced, ofKey: node.key)
                 }
@@ -779,17 +787,11 @@ extension Filesystem {
         return error
     }
 
-    /// Stores an owed spool under a conflict name (the object at its own name changed); the name
-    /// then shows the other client's version again.
-    private func storeConflictCopy(_ open: SpoolFile, snapshot: SpoolState, node: Node, at key: String) throws(FSError) {
-        let (contentType, metadata) = storedForm(of: node)
-        do {
-            _ = try uploader.upload(
-                path: open.path, size: snapshot.size, key: key, contentType: contentType, metadata: metadata)
-        } catch {
-            throw failedUpload(
-                open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload (conflict copy)", path: key))
-        }
+    /// The spool was stored under a conflict name (the object at its own name changed since
+    /// this mount read or wrote it); the name then shows the other client's version again.
+    private func afterConflictCopy(_ open: SpoolFile, snapshot: SpoolState, node: Node) {
+        configuration.metrics.conflicts.add()
+        transfers.clearOwed(open.inode)
         // As in `commitLocked`: the spool turns clean and the note goes (or describes what was
         // written meanwhile) in one step.
         open.noteLock.withLock { note in
@@ -1042,14 +1044,15 @@ extension Filesystem {
         case .upload(let path, let upload):
             var st = stat()
             guard stat(path, &st) == 0 else { return }
-            var key = upload.key
-            if let base = upload.base {
-                key = try destinationForOwedUpload(key: key, base: base, bytes: (path, Int64(st.st_size)), store: recoveryStore)
-            }
-            _ = try uploader(recoveryStore).upload(
-                path: path, size: Int64(st.st_size), key: key, contentType: upload.contentType, metadata: upload.metadata)
+            let size = Int64(st.st_size)
+            // A note without a base (written before bases were kept) is stored as it says.
+            let check = upload.base.map { lostUpdateCheck(key: upload.key, base: $0, bytes: (path, size), store: recoveryStore) }
+            let stored = try uploader(recoveryStore).upload(
+                path: path, size: size, key: upload.key, contentType: upload.contentType, metadata: upload.metadata,
+                check: check)
+            if stored.key != upload.key { configuration.metrics.conflicts.add() }
             Spool.remove(dataPath: path)
-            logger.notice("stored '\(key)' from \(path), owed by an earlier mount")
+            logger.notice("stored '\(stored.key)' from \(path), owed by an earlier mount")
         case .attributes(let note, let change):
             try recoverAttributes(note: note, change: change)
         }

@@ -106,21 +106,34 @@ extension Filesystem {
         return stored
     }
 
-    /// Creates a file and opens it for writing. It is stored when it is closed.
-    public func create(parent: InodeNumber, name: String, mode: UInt16, caller: Caller) throws(FSError)
-        -> (Attributes, OpenResult)
+    /// Creates a file and opens it for writing. It is stored when it is closed. `exclusive`
+    /// (`O_EXCL`) with `excl_create=server`: the empty file is stored before the open returns,
+    /// with `If-None-Match: *`, so that of two hosts creating the same name one gets EEXIST
+    /// (issue 22). Otherwise, and where the server ignores the header (`honoursIfNoneMatch`), the
+    /// name is checked by this mount's lookup only; the upload at the close is still stored only
+    /// where nothing is, else as a conflict copy (`lostUpdateCheck`).
+    public func create(parent: InodeNumber, name: String, mode: UInt16, caller: Caller, exclusive: Bool = false)
+        throws(FSError) -> (Attributes, OpenResult)
     {
         defer { boundNodes() }
         let directory = try requireWritableDirectory(parent, name: name)
+        let stored = newAttributes(mode: mode, caller: caller, in: directory)
+        let key = directory.key + name
+        let contentType = "application/octet-stream"
+        var etag = ""
+        if exclusive && configuration.serverExclusiveCreates && store.honoursIfNoneMatch {
+            etag = try storeExclusively(key, stored: stored, contentType: contentType, parent: parent, name: name)
+        }
         let (path, fd) = try spool.create()
         let result: (Node, SpoolFile, UInt64) = state.withLock { s in
             var node = Node(
-                inode: 0, parent: parent, name: name, kind: .file, key: directory.key + name, size: 0, etag: "",
+                inode: 0, parent: parent, name: name, kind: .file, key: key, size: 0, etag: etag,
                 lastModified: Timestamp.now())
-            node.stored = newAttributes(mode: mode, caller: caller, in: directory)
-            node.baseContentType = "application/octet-stream"
+            node.stored = stored
+            node.baseContentType = contentType
             node = insert(node, in: &s)
-            let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: true, baseETag: "")
+            // Stored already (exclusive): a close with nothing written sends nothing more.
+            let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: etag.isEmpty, baseETag: etag)
             _ = open.state.withLock { $0.attach(writable: true) }
             s.openFiles[node.inode] = open
             s.inodes.pin(node.inode)
@@ -131,6 +144,36 @@ extension Filesystem {
         return (attributes(of: result.0), OpenResult(handle: result.2, keepCache: false))
     }
 
+    /// The empty object of an exclusive create, stored only where nothing is. EEXIST when
+    /// another client's object is there: what this mount remembered of the name is dropped, and
+    /// so is the kernel's "no such file" for it.
+    private func storeExclusively(_ key: String, stored: StoredAttributes, contentType: String, parent: InodeNumber, name: String)
+        throws(FSError) -> String
+    {
+        forgetPrefetched(keys: [key])
+        let token = String(UInt64.random(in: 0...UInt64.max), radix: 16)
+        do throws(ObjectStoreError) {
+            var metadata = stored.metadata(mergedInto: [:])
+            metadata[StoredAttributes.createTokenHeader] = token
+            let etag = try store.put(
+                key: key, body: .bytes([]), contentType: stored.contentType(base: contentType), metadata: metadata,
+                onlyIfAbsent: true)
+            // Swift checks If-None-Match when a PUT starts and stores the object when it ends: of
+            // two PUTs at once both may pass, and the one stored last stays. Read back whose it is.
+            guard try store.head(key: key).metadata[StoredAttributes.createTokenHeader] == token else {
+                throw ObjectStoreError(.preconditionFailed, "another client's create of '\(key)' was stored after ours")
+            }
+            return etag
+        } catch where error.code == .preconditionFailed {
+            forgetAfterFailure([(parent, name)])
+            // Not on this thread: the kernel holds the directory's lock for the create.
+            _ = pool.submit { [kernelCache] in kernelCache.forgetEntry(parent, name) }
+            throw FSError(.exists, "'\(key)' exists: another client made it")
+        } catch {
+            throw FSError(storeError: error, operation: "create", path: key)
+        }
+    }
+
     /// mknod: a regular file (stored at once, empty), a FIFO or a socket (an empty object whose
     /// content type names the type); `kind` nil (a device) is EPERM.
     public func mknod(parent: InodeNumber, name: String, mode: UInt16, kind: NodeKind?, caller: Caller) throws(FSError)
@@ -139,7 +182,8 @@ extension Filesystem {
         defer { boundNodes() }
         switch kind {
         case .file?:
-            let (attributes, opened) = try create(parent: parent, name: name, mode: mode, caller: caller)
+            // mknod fails where the name exists: exclusive, as O_EXCL.
+            let (attributes, opened) = try create(parent: parent, name: name, mode: mode, caller: caller, exclusive: true)
             defer { release(handle: opened.handle) }
             try flush(handle: opened.handle)
             return attributes

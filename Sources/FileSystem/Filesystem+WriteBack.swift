@@ -85,9 +85,8 @@ extension Filesystem {
     /// unlink dealt with it first.
     func uploadQueued(_ open: SpoolFile) {
         guard open.state.withLock({ $0.isQueued }) else { return }
-        let base = open.state.withLock { $0.baseETag }
         do {
-            try commit(open, owed: !base.isEmpty)
+            try commit(open)
         } catch {
             logger.warning(
                 "write-back of \(open.path) failed, retrying later: \(error.message)",

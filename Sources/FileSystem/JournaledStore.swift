@@ -44,6 +44,7 @@ final class JournaledStore: ObjectStore {
 
     var containerName: String { wrapped.containerName }
     var bulkDeleteLimit: Int? { wrapped.bulkDeleteLimit }
+    var honoursIfNoneMatch: Bool { wrapped.honoursIfNoneMatch }
 
     func headContainer() throws(ObjectStoreError) -> ContainerInfo { try wrapped.headContainer() }
 
@@ -146,11 +147,11 @@ final class JournaledStore: ObjectStore {
         }
     }
 
-    func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError)
-        -> String
+    func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
+        throws(ObjectStoreError) -> String
     {
         try settle(key)
-        return try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata)
+        return try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata, onlyIfAbsent: onlyIfAbsent)
     }
 
     func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {

@@ -27,7 +27,9 @@ struct HeadAnswer: Sendable {
 /// node's own ETag still confirms the object (`confirmedAt`), as it always did.
 /// Owed attributes belong to the version they were made on: an answer admitted by (b) voids them.
 extension Node {
-    static let ownMetadataNames: Set<String> = ["mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader]
+    static let ownMetadataNames: Set<String> = [
+        "mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader, StoredAttributes.createTokenHeader,
+    ]
 
     /// Whether a change of ours is not acknowledged by the store yet.
     var hasUnacknowledgedChange: Bool { attributesOwed || attributeVersion != acknowledgedVersion }

@@ -29,6 +29,10 @@ public struct StoredAttributes: Sendable, Equatable {
     public static let fifoContentType = "inode/fifo"
     public static let socketContentType = "inode/socket"
     static let symlinkTargetHeader = "symlink-target"
+    /// `X-Object-Meta-Cssp-Create`: a random token an exclusive create's empty object carries
+    /// until its first upload or attribute change, telling whose create the store kept
+    /// (`Filesystem.storeExclusively`). Not kept by later writes.
+    static let createTokenHeader = "cssp-create"
 
     /// The content type without csspfs's parameters, and the attributes they carried.
     public static func parse(contentType: String) -> (base: String, attributes: StoredAttributes) {

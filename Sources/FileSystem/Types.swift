@@ -140,6 +140,9 @@ public struct FilesystemConfiguration: Sendable {
     /// At most this many nodes (names the kernel holds) and, apart, this many names in
     /// remembered listings (`meta_max_entries`; 0: no bound). See `Filesystem+Bound`.
     public var maximumEntries: Int = 250_000
+    /// `excl_create=server`: an exclusive create stores its empty file with If-None-Match before
+    /// the open returns (issue 22); false: the name is checked by this mount only.
+    public var serverExclusiveCreates = false
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).

@@ -30,8 +30,22 @@ struct Uploader {
     let transfers: Transfers
 
     struct Result {
+        /// Where it was stored: the key, or the conflict copy `Check.destination` named.
+        var key: String
         var etag: String
         var manifest: String?
+    }
+
+    /// The check against a lost update (issue 22): right before its last request (the PUT, or
+    /// the manifest after the parts), an upload asks where it may go.
+    struct Check {
+        /// The key while it still holds the version the bytes replace (or holds these bytes
+        /// already), else a conflict copy's name; one HEAD (`Filesystem.destination`).
+        var destination: () throws(ObjectStoreError) -> String
+        /// The bytes replace no stored version: where the server honours `If-None-Match`, a
+        /// single PUT carries it instead of a HEAD first, and `destination` is asked only when
+        /// the server refuses it.
+        var expectsAbsent: Bool
     }
 
     /// Stores `size` bytes of the spool at `path` under `key`. `early` holds parts sent while the
@@ -39,7 +53,7 @@ struct Uploader {
     /// as of the snapshot being stored) shows no write into it since.
     func upload(
         path: String, size: Int64, key: String, contentType: String, metadata: [String: String],
-        early: EarlyParts? = nil, generations: [Int: UInt64] = [:]
+        early: EarlyParts? = nil, generations: [Int: UInt64] = [:], check: Check? = nil
     ) throws(ObjectStoreError) -> Result {
         // The parts sent while the file was written showed as their own upload until now; this
         // upload goes on from what they sent (parts sent again after a later write count twice,
@@ -53,10 +67,21 @@ struct Uploader {
         let sent = early?.finish() ?? [:]
         if size <= threshold {
             if let early { deleteAll(prefix: early.partPrefix) }
-            let etag = try store.put(
-                key: key, body: .file(path: path, offset: 0, length: size, progress: progress), contentType: contentType,
-                metadata: metadata)
-            return Result(etag: etag, manifest: nil)
+            let body = PutBody.file(path: path, offset: 0, length: size, progress: progress)
+            let conditional = check?.expectsAbsent == true && store.honoursIfNoneMatch
+            var target = key
+            if let check, !conditional { target = try check.destination() }
+            do {
+                let etag = try store.put(
+                    key: target, body: body, contentType: contentType, metadata: metadata, onlyIfAbsent: conditional)
+                return Result(key: target, etag: etag, manifest: nil)
+            } catch where error.code == .preconditionFailed && conditional {
+                // Something is at the key: another client's object, or this upload's own first
+                // attempt whose answer was lost (then `destination` keeps the key).
+                target = try check!.destination()
+                let etag = try store.put(key: target, body: body, contentType: contentType, metadata: metadata)
+                return Result(key: target, etag: etag, manifest: nil)
+            }
         }
         let partSize = Self.partSize(for: size, configured: self.partSize)
         // Early parts of another size cannot serve (the file outgrew the part count).
@@ -96,12 +121,14 @@ struct Uploader {
             deleteAll(prefix: partPrefix)
             throw error
         }
-        try store.putManifest(key: key, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
+        // A conflict copy names the same parts: nothing is sent twice.
+        let target = try check?.destination() ?? key
+        try store.putManifest(key: target, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
         let expected = store.manifestETag(partETags: partETags)
         // The manifest names parts the listing already shows; this check only reports a server
         // that disagrees (the parts stay: the manifest points at them now).
-        try verify(key: key, size: size, etag: expected)
-        return Result(etag: expected, manifest: store.containerName + "/" + partPrefix)
+        try verify(key: target, size: size, etag: expected)
+        return Result(key: target, etag: expected, manifest: store.containerName + "/" + partPrefix)
     }
 
     /// The most parts one upload makes: fewer than one listing page (10 000), so that one

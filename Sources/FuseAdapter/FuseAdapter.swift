@@ -258,7 +258,8 @@ public final class FuseAdapter: Sendable {
         serve("create", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             let name = try Self.new(raw)
             let (attributes, opened) = try filesystem.create(
-                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
+                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller,
+                exclusive: info.pointee.flags & O_EXCL != 0)
             r.take()!.create(attributes, handle: opened.handle, timeouts: timeouts, info: info)
         }
     }

@@ -24,6 +24,9 @@ public final class MountMetrics: Sendable {
     public let errors: CounterFamily
     /// Names the kernel was asked to forget to keep the mount's metadata under `meta_max_entries`.
     public let entriesForgotten: Counter
+    /// Uploads stored as a conflict copy: the object at their name changed since this mount read
+    /// or wrote it (another client's version stays; the log names both keys).
+    public let conflicts: Counter
 
     public init() {
         requests = registry.counters(
@@ -48,5 +51,8 @@ public final class MountMetrics: Sendable {
             labels: ["op", "errno"])
         entriesForgotten = registry.counter(
             "cssp_entries_forgotten_total", help: "Names the kernel was asked to forget, to stay under meta_max_entries.")
+        conflicts = registry.counter(
+            "cssp_conflicts_total",
+            help: "Uploads stored as a conflict copy: another client changed the object since this mount read or wrote it.")
     }
 }

@@ -1,4 +1,5 @@
 import CFuse3
+import Dispatch
 import BlockCache
 import FileSystem
 import FuseAdapter
@@ -234,6 +235,11 @@ enum MountCommand {
         let store = HTTPObjectStore(
             configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8,
             metrics: metrics)
+        if !options.readOnly {
+            // What /info says (bulk delete, whether If-None-Match is honoured) is logged at the
+            // mount, not at the first exclusive create.
+            DispatchQueue.global().async { _ = store.honoursIfNoneMatch }
+        }
         var fsConfiguration = FilesystemConfiguration()
         fsConfiguration.metrics = metrics
         fsConfiguration.rootPrefix = options.endpoint.prefix
@@ -254,6 +260,7 @@ enum MountCommand {
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
         fsConfiguration.listAhead = options.listAhead
         fsConfiguration.maximumEntries = options.metaMaxEntries
+        fsConfiguration.serverExclusiveCreates = options.serverExclusiveCreates
         // Test hook: the first retry of an owed upload waits this long, so that a test sees what
         // only the unmount's drain stores (README, Tests). Never needed in production.
         if let seconds = Double(env["CSSP_TEST_PENDING_RETRY_SECONDS"] ?? "") { fsConfiguration.pendingRetrySeconds = seconds }

@@ -56,6 +56,9 @@ public struct MountOptions: Sendable, Equatable {
     public var listAhead = 8
     /// At most this many names' attributes and, apart, names in remembered listings (`meta_max_entries`; 0: no bound).
     public var metaMaxEntries = 250_000
+    /// `O_CREAT|O_EXCL` checked by the server (`excl_create=server`: the empty file is stored
+    /// with If-None-Match before the open returns) or by this mount only (`local`, the default).
+    public var serverExclusiveCreates = false
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
     public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
@@ -309,6 +312,12 @@ public enum Arguments {
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "list_ahead": options.listAhead = try integer(0...64)
         case "meta_max_entries": options.metaMaxEntries = try integer(0...1_000_000_000)
+        case "excl_create":
+            let value = try needValue()
+            guard value == "server" || value == "local" else {
+                throw ConfigurationError("option 'excl_create' needs server or local, not '\(value)'")
+            }
+            options.serverExclusiveCreates = value == "server"
         case "cache_size": options.cacheSize = try byteCount()
         case "cache_block_kb":
             let kib = try integer(64...16384)
@@ -375,6 +384,10 @@ public enum Arguments {
                                  longest ago are handed back to the kernel to forget) and at most N
                                  names in remembered listings; about 250 bytes each; 0 = no bound
                                  (default 250000)
+          excl_create=server     O_CREAT|O_EXCL (lock files) is checked by the server: the empty file
+                                 is stored before the open returns, so that of several hosts one
+                                 wins; costs two requests per new file (cp and rsync use O_EXCL).
+                                 excl_create=local (the default) checks this mount only
           cache_size=SIZE        block cache size, e.g. 500M or 4G; plain numbers are MiB; 0 = no
                                  cache (default 4G, or a quarter of the free space if less)
           cache_block_kb=N       block cache block size in KiB, a power of two (default 1024)

@@ -159,10 +159,18 @@ public protocol ObjectStore: Sendable {
     ) throws(ObjectStoreError) -> ObjectInfo
 
     /// Stores `body` under `key`; the server verifies it against its MD5. Returns the ETag.
+    /// `onlyIfAbsent` sends `If-None-Match: *`: the server refuses (`preconditionFailed`) when an
+    /// object is at `key` already. Only a server that `honoursIfNoneMatch` refuses; another
+    /// stores anyway. A retry of a PUT whose answer was lost is refused too (its own first try
+    /// stored it): callers tell that from another client's object by its ETag.
     @discardableResult
     func put(
-        key: String, body: PutBody, contentType: String?, metadata: [String: String]
+        key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool
     ) throws(ObjectStoreError) -> String
+
+    /// Whether the server refuses a PUT with `If-None-Match: *` over an existing object (Swift
+    /// does; its `/info` says it is Swift). Asked once, on first use.
+    var honoursIfNoneMatch: Bool { get }
 
     /// Stores one part of a multipart upload; returns its ETag (the MD5 of its bytes), checked.
     /// Unlike `put`, it may check the bytes after storing them: a part is seen only via a manifest.
@@ -253,6 +261,16 @@ extension ObjectStore {
 
 extension ObjectStore {
     public var bulkDeleteLimit: Int? { nil }
+
+    public var honoursIfNoneMatch: Bool { false }
+
+    /// A PUT that replaces whatever is at `key`.
+    @discardableResult
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String])
+        throws(ObjectStoreError) -> String
+    {
+        try put(key: key, body: body, contentType: contentType, metadata: metadata, onlyIfAbsent: false)
+    }
 
     public func etag(ofFile path: String, offset: Int64, length: Int64) -> String? { nil }
 

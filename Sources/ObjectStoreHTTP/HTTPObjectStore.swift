@@ -63,8 +63,8 @@ public final class HTTPObjectStore: ObjectStore {
     public let metrics: MountMetrics
 
     public var containerName: String { configuration.container }
-    /// `bulkDeleteLimit` once asked (nil: not yet).
-    private let bulkLimit = Mutex<Int??>(nil)
+    /// What `/info` said, once asked (nil: not yet).
+    private let serverInfo = Mutex<ServerInfo?>(nil)
 
     public init(
         configuration: HTTPStoreConfiguration, logger: Logger, maxIdleConnections: Int = 32,
@@ -124,7 +124,7 @@ public final class HTTPObjectStore: ObjectStore {
     }
 
     @discardableResult
-    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String])
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
         throws(ObjectStoreError) -> String
     {
         var request = Request(method: "PUT", key: key)
@@ -132,6 +132,7 @@ public final class HTTPObjectStore: ObjectStore {
         request.contentType = contentType ?? "application/octet-stream"
         let etag = try Self.md5(of: body)
         request.headers.append(("ETag", etag))
+        if onlyIfAbsent { request.headers.append(("If-None-Match", "*")) }
         request.headers += Self.metadataHeaders(metadata)
         _ = try send(request)
         return etag
@@ -211,30 +212,47 @@ public final class HTTPObjectStore: ObjectStore {
         _ = try send(Request(method: "DELETE", key: key))
     }
 
-    /// Asked of the server's `/info` once (unsigned, as Swift serves it), on first use: Swift's
-    /// bulk middleware advertises `bulk_delete` there. A server without it, or whose `/info`
-    /// cannot be read, gets one DELETE per key. At most 1 000 keys a request, whatever the server
-    /// allows: the server deletes them one after another before it answers.
-    public var bulkDeleteLimit: Int? {
-        if let known = bulkLimit.withLock({ $0 }) { return known }
-        let limit = probeBulkDelete().map { min($0, 1_000) }
-        bulkLimit.withLock { $0 = .some(limit) }
-        if let limit {
-            logger.info("the server deletes many keys in one request (bulk delete, \(limit) keys a request)")
-        } else {
-            logger.info("the server's /info does not offer bulk delete: one DELETE per key")
-        }
-        return limit
+    /// What the server's `/info` says (unsigned, as Swift serves it), asked once, on first use.
+    struct ServerInfo {
+        /// `max_deletes_per_request` of Swift's bulk middleware, at most 1 000 (the server
+        /// deletes the keys one after another before it answers); nil: one DELETE per key.
+        var bulkDeleteLimit: Int?
+        /// A `"swift"` section: the proxy is OpenStack Swift, whose object server refuses a PUT
+        /// with `If-None-Match: *` over an existing object (every release since 1.x).
+        var isSwift: Bool
     }
 
-    /// `max_deletes_per_request` from `/info`, or nil.
-    private func probeBulkDelete() -> Int? {
+    private var info: ServerInfo {
+        if let known = serverInfo.withLock({ $0 }) { return known }
         var request = Request(method: "GET", key: nil)
         request.path = "/info"
         request.maxAttempts = 2
-        guard let response = try? send(request) else { return nil }
-        return Self.bulkDeleteLimit(info: response.body)
+        let body = (try? send(request))?.body
+        let info = ServerInfo(
+            bulkDeleteLimit: body.flatMap(Self.bulkDeleteLimit(info:)).map { min($0, 1_000) },
+            isSwift: body.map { Self.firstIndex(of: "\"swift\"", in: $0[...]) != nil } ?? false)
+        let first: Bool = serverInfo.withLock { known in
+            defer { if known == nil { known = info } }
+            return known == nil
+        }
+        if first {
+            if let limit = info.bulkDeleteLimit {
+                logger.info("the server deletes many keys in one request (bulk delete, \(limit) keys a request)")
+            } else {
+                logger.info("the server's /info does not offer bulk delete: one DELETE per key")
+            }
+            if !info.isSwift {
+                logger.warning(
+                    "the server's /info does not say it is OpenStack Swift, so If-None-Match may be ignored: exclusive creates (O_EXCL) are checked by this mount only, and a new file's upload is checked by a HEAD before it")
+            }
+        }
+        return info
     }
+
+    /// Swift's bulk middleware, as `/info` advertises it (`ServerInfo.bulkDeleteLimit`).
+    public var bulkDeleteLimit: Int? { info.bulkDeleteLimit }
+
+    public var honoursIfNoneMatch: Bool { info.isSwift }
 
     /// The `max_deletes_per_request` of the `bulk_delete` section of a Swift `/info` answer
     /// (JSON), or nil when it has none.

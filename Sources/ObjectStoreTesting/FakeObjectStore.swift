@@ -189,7 +189,9 @@ public final class FakeObjectStore: ObjectStore {
         }
     }
 
-    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) -> String {
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
+        throws(ObjectStoreError) -> String
+    {
         try Self.check(key: key, metadata: metadata)
         let bytes: [UInt8]
         switch body {
@@ -205,8 +207,12 @@ public final class FakeObjectStore: ObjectStore {
         }) {
             throw failure
         }
-        return state.withLock { s in
+        let refuses = onlyIfAbsent && honoursIfNoneMatch
+        return try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.put += 1
+            if refuses && s.objects[key.exact] != nil {
+                throw ObjectStoreError(.preconditionFailed, "'\(key)' exists", httpStatus: 412)
+            }
             s.clock += Self.tick
             s.objects[key.exact] = Object(
                 bytes: bytes, contentType: contentType ?? "application/octet-stream", metadata: metadata, manifest: nil,
@@ -305,6 +311,14 @@ public final class FakeObjectStore: ObjectStore {
     public func allowBulkDelete(limit: Int?) { bulkLimit.withLock { $0 = limit } }
 
     public var bulkDeleteLimit: Int? { bulkLimit.withLock { $0 } }
+
+    /// Whether a PUT with `If-None-Match: *` is refused over an existing object, as Swift does;
+    /// tests turn it off to play a server that ignores the header.
+    private let conditionalPuts = Locked(true)
+
+    public func honourIfNoneMatch(_ honours: Bool) { conditionalPuts.withLock { $0 = honours } }
+
+    public var honoursIfNoneMatch: Bool { conditionalPuts.withLock { $0 } }
 
     public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
         guard let limit = bulkDeleteLimit else {

@@ -156,11 +156,11 @@ public final class FaultInjectingStore: ObjectStore {
         }
     }
 
-    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String]) throws(ObjectStoreError)
-        -> String
+    public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
+        throws(ObjectStoreError) -> String
     {
         try run(.put, key) { () throws(ObjectStoreError) in
-            try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata)
+            try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata, onlyIfAbsent: onlyIfAbsent)
         }
     }
 
@@ -189,6 +189,7 @@ public final class FaultInjectingStore: ObjectStore {
     }
 
     public var bulkDeleteLimit: Int? { wrapped.bulkDeleteLimit }
+    public var honoursIfNoneMatch: Bool { wrapped.honoursIfNoneMatch }
 
     public func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
         try run(.bulkDelete, keys.first ?? "") { () throws(ObjectStoreError) in try wrapped.bulkDelete(keys: keys) }

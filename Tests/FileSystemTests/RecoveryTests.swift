@@ -163,13 +163,16 @@ struct RecoveryTests {
         #expect(store.injected.count == 1)
     }
 
-    /// A write of this mount to a name an earlier mount owed lands after the owed version.
+    /// A write of this mount to a name an earlier mount owed lands after the owed version: the
+    /// kernel's lookup before the open finds the owed version (stored first), which the write
+    /// then replaces.
     @Test func aNewWriteLandsAfterTheOwedVersion() throws {
         let fake = FakeObjectStore()
         try dieWithQueuedFiles(fake, [("f", "owed")])
         let next = makeFilesystem(fake, writeBack: false)
         defer { next.shutdown() }
-        let (_, opened) = try next.create(parent: root, name: "f", mode: 0o644, caller: caller)
+        let f = try next.lookup(parent: root, name: "f")
+        let opened = try next.open(f.inode, writable: true, truncate: true)
         try Array("newer".utf8).withUnsafeBytes { try next.write(handle: opened.handle, offset: 0, bytes: $0) }
         try next.flush(handle: opened.handle)
         next.release(handle: opened.handle)

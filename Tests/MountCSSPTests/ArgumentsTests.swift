@@ -46,6 +46,15 @@ struct ArgumentsTests {
         #expect(try options(["http://h/c", "/m", "-o", "list_ahead=0"]).listAhead == 0)
     }
 
+    @Test func exclusiveCreatesAreLocalUntilAsked() throws {
+        #expect(try !options(["http://h/c", "/m"]).serverExclusiveCreates)
+        #expect(try options(["http://h/c", "/m", "-o", "excl_create=server"]).serverExclusiveCreates)
+        #expect(try !options(["http://h/c", "/m", "-o", "excl_create=server,excl_create=local"]).serverExclusiveCreates)
+        for bad in ["excl_create=yes", "excl_create"] {
+            #expect(throws: ConfigurationError.self) { try options(["http://h/c", "/m", "-o", bad]) }
+        }
+    }
+
     @Test func writeBackIsOffUntilAsked() throws {
         let plain = try options(["http://h/c", "/m"])
         #expect(!plain.writeBack && plain.writeBackDelay == 1)

@@ -1,0 +1,124 @@
+import Foundation
+import ObjectStore
+import ObjectStoreTesting
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue 22 through the real binary and real Swift: two mounts of one container (two daemons,
+/// two cache directories) and another client writing through the CSSP API.
+@Suite(.serialized)
+struct ManyHostsMountTests {
+    typealias Scene = WriteTests.Scene
+
+    /// Writes `text` through an open descriptor; returns close's errno (0: it succeeded).
+    static func write(_ fd: Int32, _ text: String) -> Int32 {
+        let bytes = Array(text.utf8)
+        let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        #expect(written == bytes.count)
+        return close(fd) == 0 ? 0 : errno
+    }
+
+    static func conflictCopies(_ scene: Scene, of key: String) throws -> [String] {
+        try scene.store.raw.listAll(prefix: key + ".cssp-conflict-", delimiter: nil).map(\.name)
+    }
+
+    /// With `excl_create=server`, `O_CREAT|O_EXCL` of one name from two mounts at once, 300 times (bench/many-hosts.sh
+    /// races 1 000 and more): exactly one open succeeds each time (the other is EEXIST), and the name holds the winner's bytes.
+    @Test func exclusiveCreatesFromTwoMountsHaveOneWinner() throws {
+        let scene = try Scene("excl")
+        defer { scene.cleanUp() }
+        let a = try Mount(
+            scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache + "-a", "excl_create=server"])
+        let b = try Mount(
+            scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache + "-b", "excl_create=server"])
+        defer {
+            _ = try? a.unmount()
+            _ = try? b.unmount()
+            try? FileManager.default.removeItem(atPath: scene.cache + "-a")
+            try? FileManager.default.removeItem(atPath: scene.cache + "-b")
+        }
+        // One thread per mount, released together for each name by a barrier (os.open lets go
+        // of Python's lock): each line is a name's result, a then b, 1 for a created file
+        // (holding its mount's tag), 0 for EEXIST.
+        let racer = """
+            import os, sys, threading
+            rounds = int(sys.argv[3])
+            barrier = threading.Barrier(2)
+            results = {}
+            def race(base, tag):
+                out = []
+                for n in range(rounds):
+                    barrier.wait()
+                    try:
+                        fd = os.open("%s/lock-%d" % (base, n), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    except FileExistsError:
+                        out.append("0")
+                        continue
+                    os.write(fd, tag.encode())
+                    os.close(fd)
+                    out.append("1")
+                results[tag] = out
+            threads = [threading.Thread(target=race, args=(sys.argv[1], "a")), threading.Thread(target=race, args=(sys.argv[2], "b"))]
+            for t in threads: t.start()
+            for t in threads: t.join()
+            for x, y in zip(results["a"], results["b"]): print(x + y)
+            """
+        let rounds = 300
+        let result = try shell(
+            "/usr/bin/python3 -c \(quoted(racer)) \(quoted(a.directory)) \(quoted(b.directory)) \(rounds)")
+        #expect(result.status == 0, "\(result.stderr)")
+        let lines = result.stdout.split(separator: "\n")
+        #expect(lines.count == rounds)
+        let both = lines.filter { $0 == "11" }.count
+        let neither = lines.filter { $0 == "00" }.count
+        #expect(both == 0, "\(both) of \(rounds) names were created by both mounts")
+        #expect(neither == 0, "\(neither) of \(rounds) names were created by neither mount")
+        for n in stride(from: 0, to: lines.count, by: 97) {
+            let winner = lines[n] == "10" ? "a" : "b"
+            #expect(try scene.store.raw.getBytes(key: "lock-\(n)", range: nil) == Array(winner.utf8))
+        }
+    }
+
+    /// A file open for writing here, replaced by another client before the close: the close
+    /// succeeds, the name keeps the other client's version, ours is a conflict copy, and
+    /// `--stats` counts it. Then the same for a new name two mounts write at once.
+    @Test func noUploadSilentlyReplacesAnotherClientsVersion() throws {
+        let scene = try Scene("lost")
+        defer { scene.cleanUp() }
+        try scene.store.raw.put(key: "shared", body: .bytes(Array("version 1".utf8)), contentType: nil, metadata: [:])
+        let a = try Mount(scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache + "-a"])
+        let b = try Mount(scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache + "-b"])
+        defer {
+            _ = try? a.unmount()
+            _ = try? b.unmount()
+            try? FileManager.default.removeItem(atPath: scene.cache + "-a")
+            try? FileManager.default.removeItem(atPath: scene.cache + "-b")
+        }
+        // Another client (the CSSP API) replaces the file between the open and the close.
+        let fd = open(a.path("shared"), O_WRONLY | O_TRUNC)
+        #expect(fd >= 0)
+        try scene.store.raw.put(key: "shared", body: .bytes(Array("theirs".utf8)), contentType: nil, metadata: [:])
+        #expect(Self.write(fd, "ours, from a") == 0)
+        #expect(try scene.store.raw.getBytes(key: "shared", range: nil) == Array("theirs".utf8))
+        var copies = try Self.conflictCopies(scene, of: "shared")
+        #expect(copies.count == 1)
+        #expect(try copies.first.map { try scene.store.raw.getBytes(key: $0, range: nil) } == Array("ours, from a".utf8))
+        let stats = try shell("\(quoted(scene.environment.binary)) --stats \(quoted(a.directory))")
+        #expect(StatusTests.sample(stats.stdout, "cssp_conflicts_total") == 1, "\(stats.stdout)")
+
+        // A new name made on both mounts, b's closed first: a's goes aside.
+        let fromA = open(a.path("new"), O_WRONLY | O_CREAT, 0o644)
+        let fromB = open(b.path("new"), O_WRONLY | O_CREAT, 0o644)
+        #expect(fromA >= 0 && fromB >= 0)
+        #expect(Self.write(fromB, "b was first") == 0)
+        #expect(Self.write(fromA, "a came second") == 0)
+        #expect(try scene.store.raw.getBytes(key: "new", range: nil) == Array("b was first".utf8))
+        copies = try Self.conflictCopies(scene, of: "new")
+        #expect(copies.count == 1)
+        #expect(try copies.first.map { try scene.store.raw.getBytes(key: $0, range: nil) } == Array("a came second".utf8))
+        #expect(a.stderrText.contains("conflict: 'new'") && a.stderrText.contains("new.cssp-conflict-"), "\(a.stderrText)")
+    }
+}
