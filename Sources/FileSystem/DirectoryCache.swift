@@ -104,6 +104,8 @@ struct DirectoryCache {
     /// Changes recorded since every journal was last pruned (directories nobody changes or lists
     /// again would keep theirs otherwise).
     private var recordedSincePrune = 0
+    /// When each directory was last looked in (`touch`).
+    private var usedAt: [InodeNumber: Double] = [:]
     /// When a lookup last had to ask the server about one name in a directory.
     var lastResolved: [InodeNumber: Double] = [:]
     /// Directories being listed for lookups right now (one listing at a time each): the group
@@ -126,10 +128,21 @@ struct DirectoryCache {
     /// Names in the listings remembered now (rule 5).
     var rememberedNames: Int { listings.names }
 
-    /// `directory` is being looked in.
-    mutating func touch(_ directory: InodeNumber) {
+    /// `directory` is being looked in (at `now`, the filesystem's clock).
+    mutating func touch(_ directory: InodeNumber, now: Double) {
         uses += 1
         used[directory] = uses
+        usedAt[directory] = now
+    }
+
+    /// Directories looked in at `time` or later (polling, `Filesystem+Poll`).
+    func usedSince(_ time: Double) -> [InodeNumber] { usedAt.compactMap { $0.value >= time ? $0.key : nil } }
+
+    /// Every remembered listing expires (the container changed, who knows where): the next
+    /// lookup or readdir lists again. Its entries stay, as any expired listing's do (`anyListing`),
+    /// and so do the changes made here, the reserved numbers and the uses.
+    mutating func expireAllListings() {
+        for directory in listings.byAge { listings[directory]?.completedAt = -.infinity }
     }
 
     /// Directories looked in, the one used longest ago first.
@@ -267,7 +280,7 @@ struct DirectoryCache {
         let count = changeCount(directory) + 1
         changes[directory] = count
         listings.apply(name.exact, entry, in: directory)
-        touch(directory)
+        touch(directory, now: now)
         let change = Change(count: count, at: now, name: name.exact, entry: entry)
         journals[directory, default: []].append(change)
         latest[directory, default: [:]][name.exact] = change
@@ -325,6 +338,7 @@ struct DirectoryCache {
         lastResolved[directory] = nil
         reserved[directory] = nil
         used[directory] = nil
+        usedAt[directory] = nil
     }
 
     /// A change that no listing in progress may be remembered over: counted, and every change
@@ -368,6 +382,7 @@ extension DirectoryCache {
         lastResolved[directory] = nil
         reserved[directory] = nil
         used[directory] = nil
+        usedAt[directory] = nil
     }
 }
 

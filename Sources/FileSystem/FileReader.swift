@@ -89,6 +89,9 @@ final class FileReader: Sendable {
     /// Whether its handle was opened with the kernel's pages of the file kept: the kernel may
     /// have served some reads from them without asking (`Filesystem.read`).
     let keptPages: Bool
+    /// When the handle was opened (the filesystem's clock): a handle held open longer than
+    /// `attr_timeout` takes a version the mount learned of later (`Filesystem.read`).
+    let openedAt: Double
 
     /// Whether any read of this reader has been answered (even at EOF).
     var hasAnswered: Bool { answered.load(ordering: .acquiring) }
@@ -98,9 +101,10 @@ final class FileReader: Sendable {
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
         budget: MemoryBudget = MemoryBudget(limit: .max), pulling: PullRegistry = PullRegistry(),
         metrics: MountMetrics? = nil,
-        kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil, keptPages: Bool = false
+        kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil, keptPages: Bool = false, openedAt: Double = 0
     ) {
         self.keptPages = keptPages
+        self.openedAt = openedAt
         self.budget = budget
         self.pulling = pulling
         self.cacheHits = cache == nil || etag.isEmpty ? nil : metrics?.cacheHits

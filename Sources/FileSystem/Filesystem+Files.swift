@@ -141,7 +141,7 @@ extension Filesystem {
             fetchSize: configuration.readFetchSize, groupSize: configuration.randomFetchSize,
             maximumWindow: configuration.readAheadWindow, budget: configuration.memoryBudget, pulling: pulls,
             metrics: configuration.metrics,
-            kernel: kernel, keptPages: keptPages)
+            kernel: kernel, keptPages: keptPages, openedAt: now())
     }
 
     /// Counts one more handle on the spool of `inode`, if it has one.
@@ -211,7 +211,8 @@ extension Filesystem {
         case spool(SpoolFile)
         /// Another handle's spool (it may retire meanwhile, once its bytes are stored).
         case othersSpool(SpoolFile)
-        case reader(FileReader, InodeNumber)
+        /// `anotherVersionKnown`: see `read(_:handle:…)`.
+        case reader(FileReader, InodeNumber, anotherVersionKnown: Bool)
         /// The handle's reader is for another version or key: one for the node as it is now.
         case newReader(Node)
         case removed(String)
@@ -229,10 +230,11 @@ extension Filesystem {
             case .spool(let open, _)?: return .spool(open)
             case .remote(let reader, let inode, let version)?:
                 if let spool = s.openFiles[inode] { return .othersSpool(spool) }
-                guard let node = s.inodes[inode],
-                    node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key))
-                else { return .reader(reader, inode) }
-                return node.linked ? .newReader(node) : .removed(node.key)
+                guard let node = s.inodes[inode] else { return .reader(reader, inode, anotherVersionKnown: false) }
+                if node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key)) {
+                    return node.linked ? .newReader(node) : .removed(node.key)
+                }
+                return .reader(reader, inode, anotherVersionKnown: heldPastAnotherVersion(reader, node))
             }
         }
         switch source {
@@ -246,8 +248,10 @@ extension Filesystem {
                 // the node describes them now.
                 try read(handle: number, offset: offset, length: length, reply: reply)
             }
-        case .reader(let reader, let inode)?:
-            try read(reader, handle: number, inode: inode, offset: offset, length: length, reply: reply)
+        case .reader(let reader, let inode, let anotherVersionKnown)?:
+            try read(
+                reader, handle: number, inode: inode, offset: offset, length: length, anotherVersionKnown: anotherVersionKnown,
+                reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
         case .newReader(let node)?:
             let reader = makeReader(node)
@@ -264,11 +268,17 @@ extension Filesystem {
     /// have shown the old version fails with ESTALE instead: one that has answered a read, or
     /// one opened with the kernel's pages kept, which the kernel may have served some of without
     /// asking (a file partly in its page cache). The next open then starts afresh.
+    /// A handle held open (longer than `attr_timeout`) whose node learned of another client's
+    /// version since (a poll, a HEAD, a listing: `Filesystem+Poll` subtlety 4) reads no more of
+    /// the old one, which the block cache may still hold: `anotherVersionKnown`.
     private func read(
         _ reader: FileReader, handle number: UInt64, inode: InodeNumber, offset: Int64, length: Int,
-        reply: (UnsafeRawBufferPointer) -> Void
+        anotherVersionKnown: Bool = false, reply: (UnsafeRawBufferPointer) -> Void
     ) throws(FSError) {
-        do {
+        do throws(FSError) {
+            if anotherVersionKnown {
+                throw FSError(.stale, "read '\(reader.key)': another client replaced the object while it was held open")
+            }
             try reader.read(offset: offset, length: length, reply: reply)
         } catch where error.code == .stale && !reader.hasAnswered {
             let adopted = try adoptNewVersion(inode: inode, replacing: reader, because: error)
@@ -289,6 +299,13 @@ extension Filesystem {
             if adopted.size > reader.size { kernelCache.invalidate(inode, pages: false) }
             try newer.read(offset: offset, length: length, reply: reply)
         }
+    }
+
+    /// Whether `node` (no spool, same local version) describes another version of the object
+    /// than the one `reader` reads, and the handle has been open longer than `attr_timeout`.
+    func heldPastAnotherVersion(_ reader: FileReader, _ node: Node) -> Bool {
+        node.manifest == nil && reader.manifest == nil && !node.etag.isEmpty && !reader.etag.isEmpty
+            && node.etag != reader.etag && now() - reader.openedAt > configuration.attributeCacheSeconds
     }
 
     /// The node as of the version of the object that another client stored since `reader`'s

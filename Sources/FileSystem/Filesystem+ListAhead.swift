@@ -205,19 +205,14 @@ extension Filesystem {
         let reader = DirectoryReader(
             store: store, prefix: prefix, pageSize: min(configuration.listPageSize, Self.listAheadEntryLimit + 1),
             hidden: nil, startedAt: 0, askedAt: storeClock.tick())
-        var index = 0
+        let entries: PackedEntries
         do {
-            while true {
-                let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
-                index += batch.count
-                if complete { break }
-                if index > Self.listAheadEntryLimit { return nil }
-            }
+            guard let whole = try readWhole(reader, limit: Self.listAheadEntryLimit) else { return nil }
+            entries = whole
         } catch {
             logger.debug("listing '\(prefix)' ahead of a walk failed: \(error.message)")
             return nil
         }
-        guard let entries = reader.completeEntries() else { return nil }
         if !reader.sawMarker { recordPrefetched(directory, answer: .some(nil), askedAt: reader.askedAt) }
         return AheadListing(entries: entries, askedAt: reader.askedAt, startedAt: startedAt, generation: generation)
     }

@@ -135,6 +135,8 @@ public final class Filesystem: Sendable {
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
     /// Orders answers of the store against this mount's acknowledged changes (the attribute rule).
     let storeClock = StoreClock()
+    /// Change notification (`Filesystem+Poll`).
+    let poll = Locked(PollState())
 
     public convenience init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
         try self.init(store: store, configuration: configuration, logger: logger, journalFile: nil)
@@ -318,7 +320,7 @@ public final class Filesystem: Sendable {
         try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
         let local: Attributes? = state.withLock { s in
-            s.directories.touch(parent)
+            s.directories.touch(parent, now: now())
             guard let node = s.inodes.child(parent, name) else { return nil }
             return lookUpSpooled(node.inode, in: &s)
         }
@@ -454,19 +456,24 @@ public final class Filesystem: Sendable {
                 group.leave()
             }
             let reader = makeDirectoryReader(directory, startedAt: startedAt)
-            var index = 0
-            while true {
-                let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
-                index += batch.count
-                if complete { break }
-                if index > Self.lookupListingLimit { return nil }
-            }
-            guard let entries = reader.completeEntries() else { return nil }
+            guard let entries = try readWhole(reader, limit: Self.lookupListingLimit) else { return nil }
             // Changes made since the reader started are in the table (DirectoryCache rule 2).
             let table = remember(reader, entries, for: inode)
             listAhead(subdirectoriesOf: entries)
             return (table, reader.askedAt, reader.startedAt)
         }
+    }
+
+    /// Reads `reader`'s listing to its end: its entries, or nil past `limit` entries.
+    func readWhole(_ reader: DirectoryReader, limit: Int) throws(FSError) -> PackedEntries? {
+        var index = 0
+        while true {
+            let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+            index += batch.count
+            if complete { break }
+            if index > limit { return nil }
+        }
+        return reader.completeEntries()
     }
 
     static let lookupListingWindow: Double = 30
@@ -786,7 +793,7 @@ public final class Filesystem: Sendable {
             reader = open.reader!
         }
         let parent = state.withLock { s in
-            s.directories.touch(inode)
+            s.directories.touch(inode, now: now())
             return s.inodes[inode]?.parent
         } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }

@@ -261,6 +261,7 @@ enum MountCommand {
         fsConfiguration.listAhead = options.listAhead
         fsConfiguration.maximumEntries = options.metaMaxEntries
         fsConfiguration.serverExclusiveCreates = options.serverExclusiveCreates
+        fsConfiguration.pollSeconds = options.pollSeconds
         // Test hook: the first retry of an owed upload waits this long, so that a test sees what
         // only the unmount's drain stores (README, Tests). Never needed in production.
         if let seconds = Double(env["CSSP_TEST_PENDING_RETRY_SECONDS"] ?? "") { fsConfiguration.pendingRetrySeconds = seconds }
@@ -350,6 +351,7 @@ enum MountCommand {
         if !options.readOnly {
             Thread.detached { filesystem.recoverPendingUploads() }
         }
+        filesystem.startPolling()
         if options.readAheadMiB > 0 {
             let mountpoint = options.mountpoint
             Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }

@@ -59,6 +59,8 @@ public struct MountOptions: Sendable, Equatable {
     /// `O_CREAT|O_EXCL` checked by the server (`excl_create=server`: the empty file is stored
     /// with If-None-Match before the open returns) or by this mount only (`local`, the default).
     public var serverExclusiveCreates = false
+    /// Seconds between the polls for other clients' changes (`poll_s`; 0: none).
+    public var pollSeconds = 1.0
     /// Bytes the block cache may hold (0: no cache; nil: the default, see `MountCommand`).
     public var cacheSize: Int64? = nil
     public var cacheBlockKiB = 1024
@@ -312,6 +314,12 @@ public enum Arguments {
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
         case "list_ahead": options.listAhead = try integer(0...64)
         case "meta_max_entries": options.metaMaxEntries = try integer(0...1_000_000_000)
+        case "poll_s":
+            let value = try seconds()
+            guard value == 0 || value >= 0.1 else {
+                throw ConfigurationError("option 'poll_s' needs 0 (no polling) or at least 0.1 seconds, not '\(value)'")
+            }
+            options.pollSeconds = value
         case "excl_create":
             let value = try needValue()
             guard value == "server" || value == "local" else {
@@ -384,6 +392,8 @@ public enum Arguments {
                                  longest ago are handed back to the kernel to forget) and at most N
                                  names in remembered listings; about 250 bytes each; 0 = no bound
                                  (default 250000)
+          poll_s=S               every S seconds, list a directory used in the last minute (or HEAD the
+                                 container) and show other clients' changes at once; 0 = off (default 1)
           excl_create=server     O_CREAT|O_EXCL (lock files) is checked by the server: the empty file
                                  is stored before the open returns, so that of several hosts one
                                  wins; costs two requests per new file (cp and rsync use O_EXCL).

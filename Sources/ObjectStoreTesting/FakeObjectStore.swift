@@ -20,6 +20,7 @@ public final class FakeObjectStore: ObjectStore {
         public var post = 0
         /// Bulk delete requests (each deletes many keys; `delete` does not count their keys).
         public var bulkDelete = 0
+        public var headContainer = 0
         public init() {}
     }
 
@@ -120,7 +121,8 @@ public final class FakeObjectStore: ObjectStore {
 
     public func headContainer() throws(ObjectStoreError) -> ContainerInfo {
         state.withLock { s in
-            ContainerInfo(objectCount: Int64(s.objects.count), bytesUsed: s.objects.values.reduce(0) { $0 + Int64($1.bytes.count) })
+            s.counts.headContainer += 1
+            return ContainerInfo(objectCount: Int64(s.objects.count), bytesUsed: s.objects.values.reduce(0) { $0 + Int64($1.bytes.count) })
         }
     }
 

@@ -121,4 +121,66 @@ struct ManyHostsMountTests {
         #expect(try copies.first.map { try scene.store.raw.getBytes(key: $0, range: nil) } == Array("a came second".utf8))
         #expect(a.stderrText.contains("conflict: 'new'") && a.stderrText.contains("new.cssp-conflict-"), "\(a.stderrText)")
     }
+
+    /// With `poll_s` (default 1) and caches that would hide them for a minute, names another
+    /// client made, rewrote (same size) and removed show in `ls`, `stat` and `cat`; a file held
+    /// open and read through the kernel's page cache meets the new version at a read: ESTALE,
+    /// never the other client's bytes mixed in. (The time it takes is in bench/many-hosts.sh.)
+    @Test func anIdleMountShowsAnotherClientsChanges() throws {
+        let scene = try Scene("poll")
+        defer { scene.cleanUp() }
+        let raw = scene.store.raw
+        for (key, text) in [("kept", "aaaa"), ("removed", "gone soon"), ("held", "version 1 of a held file")] {
+            try raw.put(key: key, body: .bytes(Array(text.utf8)), contentType: nil, metadata: [:])
+        }
+        let mount = try scene.mount(["dir_timeout=60", "entry_timeout=60", "negative_timeout=60", "attr_timeout=1"])
+        defer { _ = try? mount.unmount() }
+        let fm = FileManager.default
+        #expect(try fm.contentsOfDirectory(atPath: mount.directory).sorted() == ["held", "kept", "removed"])
+        #expect(!fm.fileExists(atPath: mount.path("new")))
+        #expect(try String(contentsOfFile: mount.path("kept"), encoding: .utf8) == "aaaa")
+        let fd = open(mount.path("held"), O_RDONLY)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        let old = Array("version 1 of a held file".utf8)
+        var buffer = [UInt8](repeating: 0, count: 100)
+        #expect(pread(fd, &buffer, 100, 0) == old.count)
+
+        try raw.put(key: "new", body: .bytes(Array("made elsewhere".utf8)), contentType: nil, metadata: [:])
+        try raw.put(key: "kept", body: .bytes(Array("bbbb".utf8)), contentType: nil, metadata: [:])
+        try raw.delete(key: "removed")
+        try raw.put(key: "held", body: .bytes(Array("version 2 of a held file".utf8)), contentType: nil, metadata: [:])
+
+        // Each check is repeated until it holds, for at most 10 s; without the poll none would
+        // within a minute.
+        func eventually(_ what: String, _ condition: () throws -> Bool) rethrows {
+            let deadline = Date().addingTimeInterval(10)
+            while try !condition() {
+                if Date() > deadline {
+                    Issue.record("\(what) did not show within 10 s")
+                    return
+                }
+                usleep(50_000)
+            }
+        }
+        try eventually("the names another client made and removed") {
+            try fm.contentsOfDirectory(atPath: mount.path("")).sorted() == ["held", "kept", "new"]
+        }
+        eventually("stat of the new name") { fm.fileExists(atPath: mount.path("new")) }
+        eventually("stat of the removed name") { !fm.fileExists(atPath: mount.path("removed")) }
+        eventually("the same-size rewrite") { (try? String(contentsOfFile: mount.path("kept"), encoding: .utf8)) == "bbbb" }
+        var staleSeen = false
+        eventually("ESTALE at a read of the held file") {
+            let n = pread(fd, &buffer, 100, 0)
+            if n < 0 {
+                #expect(errno == ESTALE)
+                staleSeen = true
+                return true
+            }
+            #expect(Array(buffer[0..<n]) == old, "a handle that read the old version read other bytes")
+            return false
+        }
+        #expect(staleSeen)
+        #expect(try String(contentsOfFile: mount.path("held"), encoding: .utf8) == "version 2 of a held file")
+    }
 }

@@ -394,7 +394,7 @@ final class ReferenceModelRun {
     }
 
     func randomOperation() throws {
-        let roll = Int.random(in: 0..<106, using: &random)
+        let roll = Int.random(in: 0..<110, using: &random)
         switch roll {
         case 0..<10: try openForWriting()
         case 10..<20: try writeThroughHandle()
@@ -422,6 +422,7 @@ final class ReferenceModelRun {
         case 98..<102: try operationUnderFault()
         case 102..<104: try walkTree()
         case 104..<106: try storeOwedAttributesSoon()
+        case 106..<110: try pollTick()
         default: try checkEverything()
         }
     }
@@ -847,6 +848,25 @@ final class ReferenceModelRun {
             kernel.expire()
             for path in tree.objects.keys.sorted(by: byteOrder) { try check(path) }
         }
+    }
+
+    /// A poll tick (issue 22, `poll_s`), a third of the time with its requests failing: it may
+    /// show other clients' changes sooner, and never anything but the store with this mount's
+    /// changes (the names it asks the kernel to forget are forgotten; some listings are checked).
+    func pollTick() throws {
+        let faulted = chance(0.3)
+        try step("a poll tick" + (faulted ? " whose requests fail" : "")) {
+            if faulted {
+                faulty.inject { call in
+                    [.list, .head, .headContainer].contains(call.operation) ? .before(.transient) : .none
+                }
+            }
+            defer { if faulted { faulty.heal() } }
+            kernel.fs.pollOnce()
+        }
+        let forgotten = kernel.forgetAsked(keeping: Set(handles.map(\.inode) + openDirectories.map(\.inode)))
+        if forgotten > 0 { trace.append("    the kernel forgot \(forgotten) names the poll found changed") }
+        for directory in tree.directories where chance(0.3) { try checkListing(directory, plus: chance(0.5)) }
     }
 
     func expireCaches() throws {
