@@ -3,6 +3,10 @@ import Locking
 import ObjectStore
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Creating, removing and renaming names.
 ///
 /// Subtleties:
@@ -155,11 +159,16 @@ extension Filesystem {
         do throws(ObjectStoreError) {
             var metadata = stored.metadata(mergedInto: [:])
             metadata[StoredAttributes.createTokenHeader] = token
+            let started = Self.monotonicNow()
             let etag = try store.put(
                 key: key, body: .bytes([]), contentType: stored.contentType(base: contentType), metadata: metadata,
                 onlyIfAbsent: true)
             // Swift checks If-None-Match when a PUT starts and stores the object when it ends: of
-            // two PUTs at once both may pass, and the one stored last stays. Read back whose it is.
+            // two PUTs at once both may pass, and the one stored last (the later to reach the
+            // proxy) stays. Read back whose it is, once a PUT that started while ours ran has
+            // had as long again as ours took to end (`excl_create` in the man page).
+            let took = Self.monotonicNow() - started
+            usleep(UInt32(min(max(took, 0.005), 1) * 1_000_000))
             guard try store.head(key: key).metadata[StoredAttributes.createTokenHeader] == token else {
                 throw ObjectStoreError(.preconditionFailed, "another client's create of '\(key)' was stored after ours")
             }

@@ -21,7 +21,8 @@ import ObjectStore
 /// 4. A file held open for reading (subtlety of `read`): a handle open for longer than
 ///    `attr_timeout` when the mount learns of another version takes it at its next read if it
 ///    has returned nothing yet, else fails with ESTALE; a younger one reads on the version it
-///    began with, as an open within `attr_timeout` does (close-to-open).
+///    began with, as an open within `attr_timeout` does (close-to-open); the kernel's pages,
+///    which its reads fill again, are dropped once more when it has aged past that.
 /// 5. Errors are logged at debug level and the tick ends: a failed poll makes the mount slower
 ///    to notice, never wrong (the caches' times still apply).
 extension Filesystem {
@@ -160,5 +161,12 @@ extension Filesystem {
         }
         for child in changed { kernelCache.invalidate(child) }
         for name in names { kernelCache.forgetEntry(inode, name) }
+        // A handle younger than attr_timeout reads on its version (subtlety 4), and its reads
+        // fill the kernel's pages with it again: they go once more when it has aged past that.
+        if !changed.isEmpty {
+            pool.submit(after: configuration.attributeCacheSeconds + 0.05) { [self, changed] in
+                for child in changed { kernelCache.invalidate(child) }
+            }
+        }
     }
 }

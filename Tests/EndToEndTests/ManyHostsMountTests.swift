@@ -25,7 +25,7 @@ struct ManyHostsMountTests {
         try scene.store.raw.listAll(prefix: key + ".cssp-conflict-", delimiter: nil).map(\.name)
     }
 
-    /// With `excl_create=server`, `O_CREAT|O_EXCL` of one name from two mounts at once, 300 times (bench/many-hosts.sh
+    /// With `excl_create=server`, `O_CREAT|O_EXCL` of one name from two mounts at once, 200 times (bench/many-hosts.sh
     /// races 1 000 and more): exactly one open succeeds each time (the other is EEXIST), and the name holds the winner's bytes.
     @Test func exclusiveCreatesFromTwoMountsHaveOneWinner() throws {
         let scene = try Scene("excl")
@@ -66,7 +66,7 @@ struct ManyHostsMountTests {
             for t in threads: t.join()
             for x, y in zip(results["a"], results["b"]): print(x + y)
             """
-        let rounds = 300
+        let rounds = 200
         let result = try shell(
             "/usr/bin/python3 -c \(quoted(racer)) \(quoted(a.directory)) \(quoted(b.directory)) \(rounds)")
         #expect(result.status == 0, "\(result.stderr)")
