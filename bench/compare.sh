@@ -43,8 +43,9 @@
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb rclone-default rclone-tuned
 # s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback); WORKLOADS (read fio write create
-# creates4 ls rsync rsync1 rmrf find findtree; walk and lshuge only when named); FIO_SECONDS
-# (20); WALK_LIMIT (600); WAIT_TIMEOUT
+# creates4 ls rsync rsync1 rmrf find findtree; walk, lshuge and visibility only when named);
+# FIO_SECONDS (20); WALK_LIMIT (600); VIS_CHANGES (100), VIS_LIMIT (10 s) and VIS_IDLE (30 s)
+# for visibility; WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
 # COMPARE_SERVER_PORT (8470), so that the test suite's (8490) and the demo server (8480) are
 # left alone; KEEP_SERVER=1 leaves a server this script started running; RCLONE_TUNED_EXTRA and
@@ -84,6 +85,9 @@ FIO_SECONDS=${FIO_SECONDS:-20}
 WALK_LIMIT=${WALK_LIMIT:-600}
 export LATENCY_MS=${LATENCY_MS:-0}
 WAIT_TIMEOUT=${WAIT_TIMEOUT:-900}
+VIS_CHANGES=${VIS_CHANGES:-100}
+VIS_LIMIT=${VIS_LIMIT:-10}
+VIS_IDLE=${VIS_IDLE:-30}
 CONTAINER=compare
 GIB=1073741824
 MANY=10000
@@ -96,8 +100,8 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge " == *" $w "* ]] ||
-        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge)"
+    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge visibility " == *" $w "* ]] ||
+        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge visibility)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -585,6 +589,60 @@ workload_lshuge() {
     unmount_it
 }
 
+# Waits until reading $1 through the mount gives exactly the text $2, reading every 50 ms, for
+# at most $3 seconds; false if it never did.
+wait_text() {
+    local deadline
+    deadline=$(awk -v s="$3" -v n="$(now)" 'BEGIN { printf "%.3f", n + s }')
+    while :; do
+        [[ "$(cat "$1" 2>/dev/null)" == "$2" ]] && return 0
+        awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }' && return 1
+        sleep 0.05
+    done
+}
+
+# Issue 22: another client (the CSSP API) rewrites a file that a reader of the mount reads every
+# 50 ms. Records the seconds from the PUT's answer to the first read of the new bytes, for
+# VIS_CHANGES changes (median and p99; one not seen within VIS_LIMIT s counts as VIS_LIMIT and
+# as missed, and a tool that misses 3 in a row stops there), then the daemon's requests a second
+# while the mount is idle for VIS_IDLE s.
+workload_visibility() {
+    local key=w-$TOOL_NAME/visible/file agent offset i t missed=0 row=0 n
+    local times=()
+    agent=$(user_agent)
+    mount_fresh
+    mkdir -p "$MNT/w-$TOOL_NAME/visible"
+    "$TOOL" "$URL" put-bytes "$key" "version 0" >/dev/null
+    if ! wait_text "$MNT/$key" "version 0" 60; then
+        note "WARNING: $TOOL_NAME: $key never showed in the mount"
+        unmount_it
+        return
+    fi
+    for i in $(seq "$VIS_CHANGES"); do
+        "$TOOL" "$URL" put-bytes "$key" "version $i" >/dev/null
+        t=$(now)
+        if wait_text "$MNT/$key" "version $i" "$VIS_LIMIT"; then
+            times+=("$(since "$t")")
+            row=0
+        else
+            times+=("$VIS_LIMIT")
+            missed=$((missed + 1))
+            row=$((row + 1))
+            ((row < 3)) || break
+        fi
+    done
+    read -r n p50 p99 < <(printf '%s\n' "${times[@]}" | sort -n |
+        awk '{ a[NR] = $1 } END { print NR, a[int((NR + 1) / 2)], a[int(NR * 0.99 + 0.999)] }')
+    record visible_median "$p50"
+    record visible_p99 "$p99"
+    record visible_missed "$missed"
+    offset=$(access_log_size)
+    sleep "$VIS_IDLE"
+    record idle_rps "$(per_second "$(requests_since "$offset" "$agent")" "$VIS_IDLE")"
+    unmount_it
+    "$TOOL" "$URL" rm "$key" >/dev/null 2>&1 || true
+}
+
 # Waits until the server lists nothing below prefix $1 (directory markers included).
 wait_gone() {
     local deadline=$((SECONDS + WAIT_TIMEOUT)) n
@@ -796,6 +854,10 @@ ROWS = [
     ("lshuge_names", "ls of 200 000 in one dir, fresh mount, s", False),
     ("lshuge_heads", "  HEAD requests during it", False),
     ("lshuge", "ls -l of the same, fresh mount, s", False),
+    ("visible_median", "another client's PUT to new bytes read, median, s", False),
+    ("visible_p99", "  the same, p99, s", False),
+    ("visible_missed", "  changes not seen within VIS_LIMIT s", False),
+    ("idle_rps", "requests a second of the idle mount", False),
     ("mount", "mount command to first ls, s", False),
     ("rss", "peak RSS of the daemon (VmHWM), MiB", False),
 ]

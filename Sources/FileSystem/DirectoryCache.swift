@@ -224,9 +224,13 @@ struct DirectoryCache {
     /// `current(name)`: what this mount knows of a name now (its node), which describes a name
     /// made before the listing started better than the journal's entry (another client may have
     /// written it since, and this mount read that).
+    /// `confirmed`: names for which a HEAD after the listing agreed with it against a change
+    /// made here before it started (another client removed the name made here): the listing
+    /// is right about them, no lag, and they count as shown.
     mutating func remember(
         _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64,
-        stillListed: Set<ExactString> = [], current: (ExactString) -> DirectoryEntry? = { _ in nil }
+        stillListed: Set<ExactString> = [], confirmed: Set<ExactString> = [],
+        current: (ExactString) -> DirectoryEntry? = { _ in nil }
     ) -> (entries: EntryTable, remembered: Bool) {
         prune(directory, now: now, slack: 1)
         var table = entries
@@ -235,7 +239,9 @@ struct DirectoryCache {
         // in that version or a newer one another client wrote, unless it lags behind: then a
         // name made here is added, and one removed here is taken out.
         var before: [ExactString: DirectoryEntry?] = [:]
-        for change in journal where change.count <= startedAt && !change.shown { before[change.name] = change.entry }
+        for change in journal where change.count <= startedAt && !change.shown && !confirmed.contains(change.name) {
+            before[change.name] = change.entry
+        }
         for (name, entry) in before {
             if let entry {
                 if table[name] == nil { table[name] = current(name) ?? entry }
@@ -254,7 +260,7 @@ struct DirectoryCache {
         // (`stillListed`: names removed here that the store listed, which the reader skipped.)
         let shown = Set(before.compactMap { name, entry in
             (entry != nil) == (entries[name] != nil || stillListed.contains(name)) ? name : nil
-        })
+        }).union(confirmed)
         if !shown.isEmpty, var journal = journals[directory] {
             for index in journal.indices where journal[index].count <= startedAt && shown.contains(journal[index].name) {
                 journal[index].shown = true
@@ -262,6 +268,21 @@ struct DirectoryCache {
             journals[directory] = journal
         }
         return (table, true)
+    }
+
+    /// Files made here before a listing that started at change count `startedAt` and that it
+    /// lacks: a listing lagging behind this mount's writes, or another client's removal since.
+    /// Only a HEAD tells which (`Filesystem+Poll`). (A name removed here that the store still
+    /// lists is left out of the listing's pages by its reader: not checked.)
+    func madeHereButNotListed(_ directory: InodeNumber, by entries: EntryTable, startedAt: UInt64) -> [ExactString] {
+        var latest: [ExactString: DirectoryEntry?] = [:]
+        for change in journals[directory] ?? [] where change.count <= startedAt && !change.shown {
+            latest[change.name] = change.entry
+        }
+        return latest.compactMap { name, entry in
+            guard let entry, entry.kind != .directory, entries[name] == nil else { return nil }
+            return name
+        }
     }
 
     /// A new, empty directory made here: its listing is known.

@@ -73,11 +73,14 @@ extension Filesystem {
             if node.etag != known.etag || node.size != known.size { kernelCache.invalidate(inode, pages: false) }
         }
         guard writable || truncate else {
-            let keep = state.withLock { s in
-                let keep = s.inodes[inode]?.cachedEtag == node.etag
+            let (keep, otherVersion) = state.withLock { s in
+                let cached = s.inodes[inode]?.cachedEtag
                 s.inodes.update(inode) { $0.cachedEtag = node.etag }
-                return keep
+                return (cached == node.etag, cached != nil && cached != node.etag)
             }
+            // The node took another version since the kernel last opened the file (a poll, a
+            // listing): the kernel's size may be that version's, and would cut reads short.
+            if otherVersion { kernelCache.invalidate(inode, pages: false) }
             let handle = register(.remote(makeReader(node, keptPages: keep), inode, localVersion: node.localVersion))
             return OpenResult(handle: handle, keepCache: keep)
         }
@@ -111,7 +114,16 @@ extension Filesystem {
         } else if truncate {
             touch(inode)  // O_TRUNC of an existing file is a change of its data
         }
-        return OpenResult(handle: register(.spool(attached, writable: writable)), keepCache: !truncate)
+        // The kernel's pages are kept only when they are of the version the spool holds: pages
+        // of an older one (another client replaced the file since) would be read, changed and
+        // written back over the new version (the two-mount model's lost update).
+        let base = attached.state.withLock { $0.baseETag }
+        let pagesOfThisVersion = !base.isEmpty && state.withLock { $0.inodes[inode]?.cachedEtag } == base
+        // The download found another version than the node knew: the kernel's size is the old
+        // one's, and would cut the spool's reads short.
+        if attached === open && !truncate && base != node.etag { kernelCache.invalidate(inode, pages: false) }
+        return OpenResult(
+            handle: register(.spool(attached, writable: writable)), keepCache: !truncate && (attached !== open || pagesOfThisVersion))
     }
 
     /// O_TRUNC on a spool this handle was just counted on: a failure gives the count back.
@@ -630,11 +642,26 @@ extension Filesystem {
             logger.notice("'\(key)' holds this mount's bytes already (an earlier upload's answer was lost)")
             return key
         }
-        let conflict = Self.conflictKey(for: key, at: Timestamp.now())
+        let conflict = try freeConflictKey(Self.conflictKey(for: key, at: Timestamp.now()), store: store)
         let change = current == nil ? "deleted" : "replaced"
         logger.warning(
             "conflict: '\(key)' was \(change) by another client since this mount wrote it; storing this mount's version as '\(conflict)'")
         return conflict
+    }
+
+    /// `name`, or `name-2`, `name-3`, … the first where nothing is: two conflicts of one key in
+    /// one second must not overwrite each other (the two-mount model found the second copy
+    /// replacing the first).
+    func freeConflictKey(_ name: String, store: any ObjectStore) throws(ObjectStoreError) -> String {
+        for n in 1...1_000 {
+            let candidate = n == 1 ? name : name + "-\(n)"
+            do {
+                _ = try store.head(key: candidate)
+            } catch where error.code == .notFound {
+                return candidate
+            }
+        }
+        throw ObjectStoreError(.invalidRequest, "1 000 conflict copies of '\(name)' exist already")
     }
 
     /// `KEY.cssp-conflict-YYYYMMDDTHHMMSSZ`, in UTC.

@@ -21,9 +21,15 @@ import ObjectStore
 /// 4. A file held open for reading (subtlety of `read`): a handle open for longer than
 ///    `attr_timeout` when the mount learns of another version takes it at its next read if it
 ///    has returned nothing yet, else fails with ESTALE; a younger one reads on the version it
-///    began with, as an open within `attr_timeout` does (close-to-open); the kernel's pages,
-///    which its reads fill again, are dropped once more when it has aged past that.
-/// 5. Errors are logged at debug level and the tick ends: a failed poll makes the mount slower
+///    began with, as an open within `attr_timeout` does (close-to-open): the kernel's pages
+///    and attributes of the file are dropped only once its youngest handle has aged past that.
+/// 5. This mount's own creates and removes are applied to every listing for `dir_timeout`
+///    (DirectoryCache rule 2: container listings lag behind writes), so a file made here and
+///    removed by another client would show here for that long. A file made here that a poll
+///    listing lacks is checked by a HEAD (at most `pollChecksPerTick` a tick): when it is gone,
+///    another client removed it, and the create made here is no longer applied. (A name removed
+///    here and made again by another client still shows as removed for up to `dir_timeout`.)
+/// 6. Errors are logged at debug level and the tick ends: a failed poll makes the mount slower
 ///    to notice, never wrong (the caches' times still apply).
 extension Filesystem {
     struct PollState {
@@ -42,6 +48,9 @@ extension Filesystem {
     /// Directories with more names are not polled (subtlety 3).
     static let pollListingLimit = 10_000
     static let pollLargeAgainSeconds: Double = 600
+    /// At most this many HEADs a tick tell a lagging listing from another client's change
+    /// (subtlety 5).
+    static let pollChecksPerTick = 16
 
     /// Starts polling every `poll_s` seconds (the mount calls it once it serves); nothing when
     /// `pollSeconds` is 0.
@@ -119,13 +128,14 @@ extension Filesystem {
             return
         }
         let listed = EntryTable(entries)
+        let confirmed = confirmAgainstJournal(directory, listed, reader)
         var changed: [InodeNumber] = []
         var names: [String] = []
         state.withLock { s in
             guard s.inodes[inode] != nil else { return }
             let before = s.directories.anyListing(inode)
             let children = s.inodes.children(of: inode)
-            let table = rememberLocked(reader, listed, for: inode, in: &s)
+            let table = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s)
             for (name, child) in children {
                 guard let entry = table[name] else {
                     names.append(name.string)
@@ -159,14 +169,38 @@ extension Filesystem {
         if !changed.isEmpty || !names.isEmpty {
             logger.debug("poll: '\(directory.key)' changed: \(changed.count) files, \(names.count) names")
         }
-        for child in changed { kernelCache.invalidate(child) }
         for name in names { kernelCache.forgetEntry(inode, name) }
-        // A handle younger than attr_timeout reads on its version (subtlety 4), and its reads
-        // fill the kernel's pages with it again: they go once more when it has aged past that.
-        if !changed.isEmpty {
-            pool.submit(after: configuration.attributeCacheSeconds + 0.05) { [self, changed] in
-                for child in changed { kernelCache.invalidate(child) }
+        // A handle younger than attr_timeout reads on its version (subtlety 4): the kernel keeps
+        // that version's pages and size until the handle has aged past it (a shorter size under
+        // a fresh mmap would be SIGBUS: ReplacedFileTests), then drops them.
+        let noticedAt = now()
+        let latest = state.withLock { $0.handles.latestOpen(of: Set(changed)) }
+        for child in changed {
+            let wait = (latest[child] ?? -.infinity) + configuration.attributeCacheSeconds + 0.05 - noticedAt
+            if wait <= 0 {
+                kernelCache.invalidate(child)
+            } else {
+                pool.submit(after: wait) { [kernelCache] in kernelCache.invalidate(child) }
             }
         }
+    }
+
+    /// The files made here that the poll's listing lacks and a HEAD finds gone (subtlety 5):
+    /// the listing is right, another client removed them. At most `pollChecksPerTick` HEADs.
+    private func confirmAgainstJournal(_ directory: Node, _ listed: EntryTable, _ reader: DirectoryReader) -> Set<ExactString> {
+        let disputed = state.withLock { s in
+            s.directories.madeHereButNotListed(directory.inode, by: listed, startedAt: reader.startedAt)
+        }
+        var confirmed = Set<ExactString>()
+        for name in disputed.prefix(Self.pollChecksPerTick) {
+            do {
+                _ = try store.head(key: directory.key + name.string)
+            } catch where error.code == .notFound {
+                confirmed.insert(name)
+            } catch {
+                logger.debug("poll: HEAD of '\(directory.key + name.string)' failed: \(error)")
+            }
+        }
+        return confirmed
     }
 }

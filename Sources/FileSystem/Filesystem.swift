@@ -495,11 +495,14 @@ public final class Filesystem: Sendable {
 
     /// `remember`, under the state lock, of a table made before it (the caller prefetches
     /// metadata after).
-    func rememberLocked(_ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, in s: inout State) -> EntryTable {
+    func rememberLocked(
+        _ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, confirmed: Set<ExactString> = [],
+        in s: inout State
+    ) -> EntryTable {
         guard s.inodes[inode] != nil else { return listed }
         let (table, remembered) = s.directories.remember(
             listed, for: inode, now: now(), startedAt: reader.startedAt, askedAt: reader.askedAt,
-            stillListed: reader.stillListed
+            stillListed: reader.stillListed, confirmed: confirmed
         ) { name in
             // A name made here, which the listing lacks: its node as it is now, if any.
             guard let node = s.inodes.child(inode, name.string), node.kind != .directory else { return nil }

@@ -40,6 +40,16 @@ struct HandleTable {
         })
     }
 
+    /// Per inode of `inodes` open for reading from the store, when its youngest handle opened.
+    func latestOpen(of inodes: Set<InodeNumber>) -> [InodeNumber: Double] {
+        var latest: [InodeNumber: Double] = [:]
+        for handle in files.values {
+            guard case .remote(let reader, let inode, _) = handle, inodes.contains(inode) else { continue }
+            latest[inode] = max(latest[inode] ?? -.infinity, reader.openedAt)
+        }
+        return latest
+    }
+
     func directory(_ number: UInt64) -> Filesystem.OpenDirectory? { directories[number] }
 
     mutating func update(_ number: UInt64, _ directory: Filesystem.OpenDirectory) {

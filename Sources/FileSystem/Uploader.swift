@@ -126,8 +126,12 @@ struct Uploader {
         try store.putManifest(key: target, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
         let expected = store.manifestETag(partETags: partETags)
         // The manifest names parts the listing already shows; this check only reports a server
-        // that disagrees (the parts stay: the manifest points at them now).
-        try verify(key: target, size: size, etag: expected)
+        // that disagrees (the parts stay: the manifest points at them now). The manifest is
+        // stored: a check that cannot be made (the server away) does not make the upload fail,
+        // else the next upload would find this version and take it for another client's.
+        do {
+            try verify(key: target, size: size, etag: expected)
+        } catch where error.isRetryable {}
         return Result(key: target, etag: expected, manifest: store.containerName + "/" + partPrefix)
     }
 

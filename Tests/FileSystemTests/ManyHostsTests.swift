@@ -69,6 +69,23 @@ struct ManyHostsTests {
         #expect(metrics.conflicts.value == (meanwhile == .nothing ? 0 : 1))
     }
 
+    /// Two conflicts of one name within a second keep both copies (`-2` for the second): the
+    /// two-mount model found the second overwriting the first.
+    @Test func twoConflictsInOneSecondKeepBothCopies() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "version 1")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: root, name: "f")
+        for (n, text) in ["first", "second"].enumerated() {
+            let opened = try fs.open(f.inode, writable: true, truncate: true)
+            try write(fs, opened.handle, text)
+            store.seed("f", text: "theirs \(n)")
+            try close(fs, opened.handle)
+        }
+        #expect(Set(conflictCopies(store, of: "f")) == [Array("first".utf8), Array("second".utf8)])
+    }
+
     /// A new name is stored with `If-None-Match: *`: no HEAD first; another client's file made
     /// under the same name meanwhile is kept, ours goes aside.
     @Test(arguments: [false, true]) func aNewNameIsStoredOnlyWhereNothingIs(anotherClientMadeIt: Bool) throws {
@@ -100,7 +117,7 @@ struct ManyHostsTests {
         store.seed("f", text: "theirs")
         store.resetCounts()
         try close(fs, opened.handle)
-        #expect(store.counts.head == 1)
+        #expect(store.counts.head == 2, "the HEAD before the PUT, and one for a free conflict name")
         #expect(store.object("f")?.bytes == Array("theirs".utf8))
         #expect(conflictCopies(store, of: "f") == [Array("ours".utf8)])
     }
