@@ -21,24 +21,14 @@ import Glibc
 /// of `CSSP_E2E_MODEL_OPS` (default 600) operations.
 @Suite(.serialized)
 struct ReferenceModelMountTests {
-    static func setting(_ name: String) -> UInt64? {
-        ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) }
-    }
-
     @Test func randomSystemCallSequencesMatchTheReference() throws {
         let environment = try Environment.load()
-        let operations = Int(Self.setting("CSSP_E2E_MODEL_OPS") ?? 600)
-        let seeds: [UInt64] = Self.setting("CSSP_E2E_MODEL_SEED").map { [$0] } ?? Array(1...(Self.setting("CSSP_E2E_MODEL_SEEDS") ?? 4))
+        let (seeds, operations) = modelSeeds("CSSP_E2E_MODEL", count: 4, operations: 600)
         var total = 0
-        for seed in seeds {
+        forEachSeed(seeds) { seed in
             let run = try MountModelRun(environment, seed: seed)
             defer { run.cleanUp() }
-            do {
-                try run.run(operations: operations)
-            } catch {
-                Issue.record("\(error)")
-                break
-            }
+            try run.run(operations: operations)
             total += run.operations
             print("mount reference model: seed \(seed), -o \(run.options.joined(separator: ",")): \(run.operations) operations, \(run.settles) checks once nothing was owed, \(run.kills) kill -9s")
         }

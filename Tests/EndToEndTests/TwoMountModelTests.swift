@@ -24,19 +24,12 @@ import Glibc
 struct TwoMountModelTests {
     @Test func twoMountsAndAnotherClientLoseNothing() throws {
         let environment = try Environment.load()
-        let setting = { (name: String) in ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) } }
-        let operations = Int(setting("CSSP_E2E_HOSTS_OPS") ?? 240)
-        let seeds: [UInt64] = setting("CSSP_E2E_HOSTS_SEED").map { [$0] } ?? Array(1...(setting("CSSP_E2E_HOSTS_SEEDS") ?? 1))
+        let (seeds, operations) = modelSeeds("CSSP_E2E_HOSTS", count: 1, operations: 240)
         var total = (operations: 0, conflicts: 0, quiet: 0, slowest: 0.0)
-        for seed in seeds {
+        forEachSeed(seeds) { seed in
             let run = try TwoMountRun(environment, seed: seed)
             defer { run.cleanUp() }
-            do {
-                try run.run(operations: operations)
-            } catch {
-                Issue.record("\(error)")
-                break
-            }
+            try run.run(operations: operations)
             total.operations += run.operations
             total.conflicts += run.conflicts
             total.quiet += run.quietPeriods
