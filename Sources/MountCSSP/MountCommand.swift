@@ -1,5 +1,4 @@
 import CFuse3
-import Dispatch
 import BlockCache
 import FileSystem
 import FuseAdapter
@@ -235,11 +234,6 @@ enum MountCommand {
         let store = HTTPObjectStore(
             configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8,
             metrics: metrics)
-        if !options.readOnly {
-            // What /info says (bulk delete, whether If-None-Match is honoured) is logged at the
-            // mount, not at the first exclusive create.
-            DispatchQueue.global().async { _ = store.honoursIfNoneMatch }
-        }
         var fsConfiguration = FilesystemConfiguration()
         fsConfiguration.metrics = metrics
         fsConfiguration.rootPrefix = options.endpoint.prefix
@@ -350,6 +344,10 @@ enum MountCommand {
         defer { control?.stop() }
         if !options.readOnly {
             Thread.detached { filesystem.recoverPendingUploads() }
+            // What /info says (bulk delete, whether If-None-Match is honoured) is logged at the
+            // mount, not at the first upload. (After daemonize: nothing may start a thread or
+            // touch libdispatch before the fork, whose child keeps only the calling thread.)
+            Thread.detached { _ = store.honoursIfNoneMatch }
         }
         filesystem.startPolling()
         if options.readAheadMiB > 0 {

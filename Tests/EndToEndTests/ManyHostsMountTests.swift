@@ -183,4 +183,32 @@ struct ManyHostsMountTests {
         #expect(staleSeen)
         #expect(try String(contentsOfFile: mount.path("held"), encoding: .utf8) == "version 2 of a held file")
     }
+
+    /// A mount that daemonizes (no -f: as mount(8) and fstab run it) polls too. Its timers
+    /// start after the fork: a libdispatch queue used before it (a warm-up of `/info`) left the
+    /// child's timers dead, so neither the poll nor write-back's delayed uploads ever ran.
+    @Test func aDaemonizedMountPolls() throws {
+        let scene = try Scene("daemon")
+        defer { scene.cleanUp() }
+        let raw = scene.store.raw
+        try raw.put(key: "d/x", body: .bytes(Array("x".utf8)), contentType: nil, metadata: [:])
+        let directory = TestScratch.directory + "cssp-e2e-daemon-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let options = "passwd_file=\(scene.environment.passwdFile),cache_dir=\(scene.cache),dir_timeout=60,entry_timeout=60,negative_timeout=60"
+        let mounted = try shell(
+            "\(quoted(scene.environment.binary)) \(quoted(scene.environment.serverURL + "/" + scene.container)) \(quoted(directory)) -o \(quoted(options))")
+        #expect(mounted.status == 0, "\(mounted.stderr)")
+        defer { _ = try? shell("fusermount3 -u \(quoted(directory))") }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory + "/d") == ["x"])
+        try raw.put(key: "d/y", body: .bytes(Array("y".utf8)), contentType: nil, metadata: [:])
+        let deadline = Date().addingTimeInterval(10)
+        var names: [String] = []
+        while Date() < deadline {
+            names = try FileManager.default.contentsOfDirectory(atPath: directory + "/d").sorted()
+            if names == ["x", "y"] { break }
+            usleep(50_000)
+        }
+        #expect(names == ["x", "y"], "another client's new name did not show in a daemonized mount within 10 s")
+    }
 }
