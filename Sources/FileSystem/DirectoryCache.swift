@@ -104,7 +104,7 @@ struct DirectoryCache {
     /// Changes recorded since every journal was last pruned (directories nobody changes or lists
     /// again would keep theirs otherwise).
     private var recordedSincePrune = 0
-    /// When each directory was last looked in (`touch`).
+    /// When the names of each directory were last used (`noteNamesUsed`).
     private var usedAt: [InodeNumber: Double] = [:]
     /// When a lookup last had to ask the server about one name in a directory.
     var lastResolved: [InodeNumber: Double] = [:]
@@ -128,14 +128,20 @@ struct DirectoryCache {
     /// Names in the listings remembered now (rule 5).
     var rememberedNames: Int { listings.names }
 
-    /// `directory` is being looked in (at `now`, the filesystem's clock).
-    mutating func touch(_ directory: InodeNumber, now: Double) {
+    /// `directory` is being looked in.
+    mutating func touch(_ directory: InodeNumber) {
         uses += 1
         used[directory] = uses
+    }
+
+    /// The names of `directory` were used at `now` (the filesystem's clock): it was read, a
+    /// file in it was looked up, or something in it changed here. Passing through it on the way
+    /// to a subdirectory is not a use (`Filesystem+Poll` lists the directories used).
+    mutating func noteNamesUsed(_ directory: InodeNumber, now: Double) {
         usedAt[directory] = now
     }
 
-    /// Directories looked in at `time` or later (polling, `Filesystem+Poll`).
+    /// Directories whose names were used at `time` or later (polling, `Filesystem+Poll`).
     func usedSince(_ time: Double) -> [InodeNumber] { usedAt.compactMap { $0.value >= time ? $0.key : nil } }
 
     /// Every remembered listing expires (the container changed, who knows where): the next
@@ -301,7 +307,8 @@ struct DirectoryCache {
         let count = changeCount(directory) + 1
         changes[directory] = count
         listings.apply(name.exact, entry, in: directory)
-        touch(directory, now: now)
+        touch(directory)
+        noteNamesUsed(directory, now: now)
         let change = Change(count: count, at: now, name: name.exact, entry: entry)
         journals[directory, default: []].append(change)
         latest[directory, default: [:]][name.exact] = change

@@ -4,8 +4,9 @@ import ObjectStore
 /// waiting for its caches to expire, at one request per `poll_s`.
 ///
 /// Subtleties:
-/// 1. One request a tick. The directories used within `pollWatchSeconds` (looked up in, read,
-///    or holding an open file) are listed in turn, the one polled longest ago first: a change in
+/// 1. One request a tick. The directories used within `pollWatchSeconds` (read, a file in
+///    them looked up, changed here, or holding an open file; not passed through on the way to
+///    a subdirectory) are listed in turn, the one polled longest ago first: a change in
 ///    the one directory in use shows within a tick, in one of `n` within `n` ticks. With none,
 ///    the tick HEADs the container; a changed object count or byte count expires every remembered
 ///    listing (the next lookup or readdir lists again). A same-size rewrite elsewhere shows at the caches'
@@ -79,7 +80,9 @@ extension Filesystem {
         }
         let directory: Node? = state.withLock { s in
             var watched = Set(s.directories.usedSince(now - Self.pollWatchSeconds))
-            for open in s.openFiles.keys { if let parent = s.inodes[open]?.parent { watched.insert(parent) } }
+            for open in Set(s.openFiles.keys).union(s.handles.remoteInodes) {
+                if let parent = s.inodes[open]?.parent { watched.insert(parent) }
+            }
             return watched.subtracting(skip).compactMap { s.inodes[$0] }.filter { $0.kind == .directory && $0.linked }
                 .min { (polledAt[$0.inode] ?? 0, $0.inode) < (polledAt[$1.inode] ?? 0, $1.inode) }
         }
@@ -165,7 +168,8 @@ extension Filesystem {
                 }
             }
         }
-        prefetchMetadata(of: entries, in: inode)
+        // (No metadata HEADs after a poll's listing: they would cost requests every tick; a
+        // lookup or open asks for what it needs.)
         if !changed.isEmpty || !names.isEmpty {
             logger.debug("poll: '\(directory.key)' changed: \(changed.count) files, \(names.count) names")
         }

@@ -300,6 +300,7 @@ public final class Filesystem: Sendable {
         // name after the answer (see `link`).
         for attempt in 1...Self.lookupAttempts {
             if let attributes = try lookupOnce(parent: parent, name: name, lastTry: attempt == Self.lookupAttempts) {
+                if attributes.kind != .directory { state.withLock { $0.directories.noteNamesUsed(parent, now: now()) } }
                 return attributes
             }
         }
@@ -320,7 +321,7 @@ public final class Filesystem: Sendable {
         try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
         let local: Attributes? = state.withLock { s in
-            s.directories.touch(parent, now: now())
+            s.directories.touch(parent)
             guard let node = s.inodes.child(parent, name) else { return nil }
             return lookUpSpooled(node.inode, in: &s)
         }
@@ -796,7 +797,8 @@ public final class Filesystem: Sendable {
             reader = open.reader!
         }
         let parent = state.withLock { s in
-            s.directories.touch(inode, now: now())
+            s.directories.touch(inode)
+            s.directories.noteNamesUsed(inode, now: now())
             return s.inodes[inode]?.parent
         } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }

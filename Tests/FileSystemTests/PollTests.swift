@@ -159,6 +159,20 @@ struct PollTests {
         #expect(try scene.read(young.handle) == Array("version 1".utf8), "a young handle keeps its version")
     }
 
+    /// Only directories whose names are used are polled: the root a path passes through on the
+    /// way to `d/f` is not, so one directory in use is listed every tick.
+    @Test func aDirectoryPassedThroughIsNotPolled() throws {
+        let scene = Scene()
+        defer { scene.fs.shutdown() }
+        scene.fake.seed("d/f", text: "f")
+        let d = try scene.fs.lookup(parent: root, name: "d")
+        _ = try scene.fs.lookup(parent: d.inode, name: "f")
+        let listed = Locked<[String]>([])
+        scene.store.afterEachAnswer { call in if call.operation == .list { listed.withLock { $0.append(call.key) } } }
+        for _ in 0..<3 { scene.fs.pollOnce() }
+        #expect(listed.withLock { $0 } == ["d/", "d/", "d/"])
+    }
+
     /// No directory used for a minute: the tick HEADs the container, and a change of its counts
     /// expires the remembered listings.
     @Test func anIdleMountHeadsTheContainer() throws {
