@@ -645,7 +645,7 @@ extension Filesystem {
         let conflict = try freeConflictKey(Self.conflictKey(for: key, at: Timestamp.now()), store: store)
         let change = current == nil ? "deleted" : "replaced"
         logger.warning(
-            "conflict: '\(key)' was \(change) by another client since this mount wrote it; storing this mount's version as '\(conflict)'")
+            "conflict: '\(key)' was \(change) by another client since this mount read or wrote it; storing this mount's version as '\(conflict)'")
         return conflict
     }
 
