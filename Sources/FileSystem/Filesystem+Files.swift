@@ -617,7 +617,7 @@ extension Filesystem {
     {
         Uploader.Check(
             destination: { () throws(ObjectStoreError) in
-                try self.destinationForOwedUpload(key: key, base: base, bytes: bytes, store: store)
+                try self.uploadDestination(key: key, base: base, bytes: bytes, store: store)
             },
             expectsAbsent: base.isEmpty)
     }
@@ -625,7 +625,7 @@ extension Filesystem {
     /// Where an upload of bytes that replace `base` goes: `key` while the object there is
     /// still that version (or still absent for a new name) or already holds these `bytes`, else
     /// a conflict copy beside it, so that neither another client's newer version nor ours is lost.
-    func destinationForOwedUpload(
+    func uploadDestination(
         key: String, base: String, bytes: (path: String, size: Int64), store: (any ObjectStore)? = nil
     ) throws(ObjectStoreError) -> String {
         let store = store ?? self.store
