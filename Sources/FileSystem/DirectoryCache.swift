@@ -151,6 +151,11 @@ struct DirectoryCache {
         for directory in listings.byAge { listings[directory]?.completedAt = -.infinity }
     }
 
+    /// The remembered listing of `directory` expires (polling: no poll keeps it true any more).
+    mutating func expireListing(_ directory: InodeNumber) {
+        listings[directory]?.completedAt = -.infinity
+    }
+
     /// Directories looked in, the one used longest ago first.
     var directoriesByUse: [InodeNumber] { used.sorted { $0.value < $1.value }.map(\.key) }
 

@@ -73,14 +73,17 @@ final class DirectoryReader: Sendable {
     }
 
     /// A reader of a whole listing given as one page, in the order a delimiter listing has
-    /// (`Filesystem+WalkListing`): read as a page from the server would be.
-    init(prefix: String, page: ListPage, startedAt: UInt64, askedAt: UInt64) {
+    /// (`Filesystem+WalkListing`, `Filesystem+Poll`): read as a page from the server would be.
+    init(
+        prefix: String, page: ListPage, hidden: String? = nil, removedHere: Set<ExactString> = [], startedAt: UInt64,
+        askedAt: UInt64
+    ) {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.source = .page(ListPage(entries: page.entries, nextMarker: nil))
-        self.removedHere = []
+        self.removedHere = removedHere
         self.pageSize = max(1, page.entries.count)
-        self.hidden = nil
+        self.hidden = hidden
         self.prefix = prefix
         self.state = Locked(State(builder: DirectoryBuilder(prefix: prefix), entries: PackedEntries(prefix: prefix)))
         isRemembered = false

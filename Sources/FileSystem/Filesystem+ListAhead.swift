@@ -284,6 +284,16 @@ extension Filesystem {
         }
     }
 
+    /// Drops the fetched listings ahead of the directories at `keys` (nil: of every directory),
+    /// which may no longer be true (`Filesystem+Poll`): their readdirs list again.
+    func dropListingsAhead(of keys: [String]?) {
+        listingsAhead.withLock { a in
+            for key in keys?.map(\.exact) ?? Array(a.slots.keys) {
+                if case .done(let listing)? = a.slots[key] { _ = a.take(key, startedAt: listing.startedAt) }
+            }
+        }
+    }
+
     /// Waits until no listing ahead is queued or running (tests).
     func waitForListingsAhead() { listingAhead.wait() }
 

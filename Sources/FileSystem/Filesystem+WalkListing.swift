@@ -307,6 +307,34 @@ extension Filesystem {
         return resume ? walk : nil
     }
 
+    /// Every directory's listing in `entries`, one whole flat listing of the subtree at `base`
+    /// (`Filesystem+Poll`): as its own delimiter listing would show it (subtlety 2), by the
+    /// directory's key; one with no keys is absent (its listing is empty). `tooLarge`: those of
+    /// more than `listAheadEntryLimit` entries, which are not made.
+    static func directoryListings(
+        ofFlat entries: [ListEntry], below base: String
+    ) -> (listings: [ExactString: [ListEntry]], tooLarge: Set<ExactString>) {
+        let make = { (prefix: String) in WalkListing.OpenDirectory(prefix: prefix, askedAt: 0, startedAt: 0, generation: 0) }
+        var scan = WalkListing.Scan(marker: "", position: "")
+        scan.open = [make(base)]
+        var complete: [WalkListing.OpenDirectory] = []
+        for entry in entries {
+            guard case .object(let summary) = entry else { continue }
+            place(summary, in: &scan, below: base, complete: &complete, open: make)
+        }
+        complete.append(contentsOf: scan.open.reversed())
+        var listings: [ExactString: [ListEntry]] = [:]
+        var tooLarge = Set<ExactString>()
+        for directory in complete {
+            if directory.tooLarge {
+                tooLarge.insert(directory.prefix.exact)
+            } else {
+                listings[directory.prefix.exact] = directory.entries
+            }
+        }
+        return (listings, tooLarge)
+    }
+
     /// Adds one key of a flat listing below `base` to the directories it belongs to (subtlety 2),
     /// moving the directories it is past to `complete`.
     private static func place(

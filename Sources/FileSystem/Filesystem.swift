@@ -526,9 +526,13 @@ public final class Filesystem: Sendable {
             (s.directories.changeCount(directory.inode), s.directories.removedHere(directory.inode, now: now()))
         }
         return DirectoryReader(
-            store: store, prefix: directory.key, pageSize: configuration.listPageSize,
-            hidden: directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil, removedHere: removed,
-            startedAt: startedAt ?? count, askedAt: storeClock.tick())
+            store: store, prefix: directory.key, pageSize: configuration.listPageSize, hidden: hiddenName(in: directory),
+            removedHere: removed, startedAt: startedAt ?? count, askedAt: storeClock.tick())
+    }
+
+    /// The name a listing of `directory` never shows: the multipart parts prefix at the root.
+    func hiddenName(in directory: Node) -> String? {
+        directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.

@@ -392,8 +392,8 @@ public enum Arguments {
                                  longest ago are handed back to the kernel to forget) and at most N
                                  names in remembered listings; about 250 bytes each; 0 = no bound
                                  (default 250000)
-          poll_s=S               every S seconds, list a directory used in the last minute (or HEAD the
-                                 container) and show other clients' changes at once; 0 = off (default 1)
+          poll_s=S               every S seconds, one listing of the directories in use (or a HEAD of
+                                 the container) shows other clients' changes at once; 0 = off (default 1)
           excl_create=server     O_CREAT|O_EXCL (lock files) is checked by the server: the empty file
                                  is stored before the open returns, so that of several hosts one
                                  wins; costs two requests per new file (cp and rsync use O_EXCL).

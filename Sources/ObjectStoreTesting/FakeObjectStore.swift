@@ -56,8 +56,18 @@ public final class FakeObjectStore: ObjectStore {
     /// Leaves `keys` out of listings until `listAll()`, as Swift's container listing does for a
     /// while after a write when the container update is queued.
     public func lagListings(_ keys: [String]) { unlisted.withLock { $0.formUnion(keys.map(\.exact)) } }
-    /// Ends `lagListings`.
-    public func listAll() { unlisted.withLock { $0 = [] } }
+    /// Ends `lagListings` and `lagDeletes`.
+    public func listAll() {
+        unlisted.withLock { $0 = [] }
+        lingering.withLock { $0 = ([], [:]) }
+    }
+
+    /// Keys whose deletes listings do not show yet, and the objects they still list for them.
+    private let lingering = Locked<(keys: Set<ExactString>, listed: [ExactString: Object])>(([], [:]))
+
+    /// Listings keep showing `keys` once deleted (as they were then) until `listAll()`, as
+    /// Swift's container listing does for a while after a delete.
+    public func lagDeletes(_ keys: [String]) { lingering.withLock { $0.keys.formUnion(keys.map(\.exact)) } }
 
     public init(containerName: String = "fake-container") {
         self.containerName = containerName
@@ -130,11 +140,12 @@ public final class FakeObjectStore: ObjectStore {
         // As the real client: the protocol allows at most 10 000 entries per request.
         precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
         let unlisted = self.unlisted.withLock { $0 }
+        let lingering = self.lingering.withLock { $0.listed }
         return state.withLock { s in
             s.counts.list += 1
             var entries: [ListEntry] = []
             var lastPrefix: String? = nil
-            for key in s.objects.keys.sorted().map(\.string) {
+            for key in Set(s.objects.keys).union(lingering.keys).sorted().map(\.string) {
                 guard key.utf8.starts(with: prefix.utf8), !unlisted.contains(key.exact) else { continue }
                 if let marker, !Self.byteOrder(marker, key) { continue }
                 let rest = Substring(key.utf8.dropFirst(prefix.utf8.count))
@@ -145,7 +156,7 @@ public final class FakeObjectStore: ObjectStore {
                     lastPrefix = common
                     entries.append(.commonPrefix(common))
                 } else {
-                    let o = s.objects[key.exact]!
+                    let o = s.objects[key.exact] ?? lingering[key.exact]!
                     entries.append(.object(ObjectSummary(
                         key: key, size: Int64(o.bytes.count), etag: o.etag, contentType: o.contentType,
                         lastModified: o.modified)))
@@ -301,9 +312,10 @@ public final class FakeObjectStore: ObjectStore {
     public func delete(key: String) throws(ObjectStoreError) {
         try state.withLock { (s) throws(ObjectStoreError) in
             s.counts.delete += 1
-            guard s.objects.removeValue(forKey: key.exact) != nil else {
+            guard let removed = s.objects.removeValue(forKey: key.exact) else {
                 throw ObjectStoreError(.notFound, "'\(key)' does not exist", httpStatus: 404)
             }
+            lingering.withLock { l in if l.keys.contains(key.exact) { l.listed[key.exact] = removed } }
         }
     }
     /// Whether this store deletes many keys in one request (`bulkDeleteLimit`); tests turn it
