@@ -57,10 +57,11 @@ struct Environment {
         return (name, store, TestScratch.directory + "cssp-e2e-cache-" + name)
     }
 
-    func store(container: String) -> HTTPObjectStore {
+    /// A client of `container`, at `url` when given (a relay in front of the server).
+    func store(container: String, url: String? = nil) -> HTTPObjectStore {
         Curl.globalInit()
         var configuration = HTTPStoreConfiguration(
-            baseURL: serverURL, container: container, signer: RequestSigner(accessKey: accessKey, secret: secret))
+            baseURL: url ?? serverURL, container: container, signer: RequestSigner(accessKey: accessKey, secret: secret))
         configuration.maxAttempts = 5
         return HTTPObjectStore(configuration: configuration, logger: Logger(label: "e2e"))
     }

@@ -25,6 +25,14 @@ struct ManyHostsMountTests {
         try scene.store.raw.listAll(prefix: key + ".cssp-conflict-", delimiter: nil).map(\.name)
     }
 
+    /// `key` holds `theirs`, and its one conflict copy `ours`.
+    static func expectConflictCopy(_ scene: Scene, of key: String, theirs: String, ours: String) throws {
+        #expect(try scene.store.raw.getBytes(key: key, range: nil) == Array(theirs.utf8))
+        let copies = try conflictCopies(scene, of: key)
+        #expect(copies.count == 1)
+        #expect(try copies.first.map { try scene.store.raw.getBytes(key: $0, range: nil) } == Array(ours.utf8))
+    }
+
     /// With `excl_create=server`, `O_CREAT|O_EXCL` of one name from two mounts at once, 200 times (bench/many-hosts.sh
     /// races 1 000 and more): exactly one open succeeds each time (the other is EEXIST), and the name holds the winner's bytes.
     @Test func exclusiveCreatesFromTwoMountsHaveOneWinner() throws {
@@ -102,10 +110,7 @@ struct ManyHostsMountTests {
         #expect(fd >= 0)
         try scene.store.raw.put(key: "shared", body: .bytes(Array("theirs".utf8)), contentType: nil, metadata: [:])
         #expect(Self.write(fd, "ours, from a") == 0)
-        #expect(try scene.store.raw.getBytes(key: "shared", range: nil) == Array("theirs".utf8))
-        var copies = try Self.conflictCopies(scene, of: "shared")
-        #expect(copies.count == 1)
-        #expect(try copies.first.map { try scene.store.raw.getBytes(key: $0, range: nil) } == Array("ours, from a".utf8))
+        try Self.expectConflictCopy(scene, of: "shared", theirs: "theirs", ours: "ours, from a")
         let stats = try shell("\(quoted(scene.environment.binary)) --stats \(quoted(a.directory))")
         #expect(StatusTests.sample(stats.stdout, "cssp_conflicts_total") == 1, "\(stats.stdout)")
 
@@ -115,11 +120,64 @@ struct ManyHostsMountTests {
         #expect(fromA >= 0 && fromB >= 0)
         #expect(Self.write(fromB, "b was first") == 0)
         #expect(Self.write(fromA, "a came second") == 0)
-        #expect(try scene.store.raw.getBytes(key: "new", range: nil) == Array("b was first".utf8))
-        copies = try Self.conflictCopies(scene, of: "new")
-        #expect(copies.count == 1)
-        #expect(try copies.first.map { try scene.store.raw.getBytes(key: $0, range: nil) } == Array("a came second".utf8))
+        try Self.expectConflictCopy(scene, of: "new", theirs: "b was first", ours: "a came second")
         #expect(a.stderrText.contains("conflict: 'new'") && a.stderrText.contains("new.cssp-conflict-"), "\(a.stderrText)")
+    }
+
+    /// A server that ignores `If-None-Match` and has no `/info` (a gateway in front of Swift,
+    /// `scripts/http-relay`): the mount says so in its log and checks a new name's upload by a
+    /// HEAD before it instead, so a name another client made between the open and the close
+    /// still sends this mount's bytes to a conflict copy (the relay would let the conditional
+    /// PUT overwrite it: checked first). `excl_create=server` falls back to the mount's own check.
+    @Test func aServerThatIgnoresIfNoneMatchIsCheckedByAHead() throws {
+        let scene = try Scene("nomatch")
+        defer { scene.cleanUp() }
+        guard let port = scene.environment.serverURL.split(separator: ":").last else {
+            throw HarnessError("no port in \(scene.environment.serverURL)")
+        }
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let (relay, listening) = try launchPrintingPort(
+            "/usr/bin/python3", [root.appendingPathComponent("scripts/http-relay").path, "0", String(port)])
+        defer {
+            kill(relay.processIdentifier, SIGKILL)
+            relay.waitUntilExit()
+        }
+        let url = "http://127.0.0.1:\(listening)"
+        let relayed = scene.environment.store(container: scene.container, url: url)
+        try relayed.put(key: "probe", body: .bytes(Array("one".utf8)), contentType: nil, metadata: [:])
+        try relayed.put(key: "probe", body: .bytes(Array("two".utf8)), contentType: nil, metadata: [:], onlyIfAbsent: true)
+        #expect(try scene.store.raw.getBytes(key: "probe", range: nil) == Array("two".utf8), "the relay ignores If-None-Match")
+        #expect(!relayed.honoursIfNoneMatch)
+
+        let mount = try Mount(scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache], url: url)
+        defer { _ = try? mount.unmount() }
+        let fd = open(mount.path("new"), O_WRONLY | O_CREAT, 0o644)
+        #expect(fd >= 0)
+        try scene.store.raw.put(key: "new", body: .bytes(Array("theirs".utf8)), contentType: nil, metadata: [:])
+        #expect(Self.write(fd, "ours") == 0)
+        try Self.expectConflictCopy(scene, of: "new", theirs: "theirs", ours: "ours")
+        // A new name nobody else made is stored as usual.
+        let alone = open(mount.path("alone"), O_WRONLY | O_CREAT, 0o644)
+        #expect(alone >= 0 && Self.write(alone, "only ours") == 0)
+        #expect(try scene.store.raw.getBytes(key: "alone", range: nil) == Array("only ours".utf8))
+        #expect(mount.stderrText.contains("does not say it is OpenStack Swift"), "\(mount.stderrText)")
+
+        // excl_create=server falls back to this mount's own check: nothing is stored at the
+        // open (the server's answer could not be trusted), the close stores the file.
+        let exclusive = try Mount(
+            scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache + "-x", "excl_create=server"],
+            url: url)
+        defer {
+            _ = try? exclusive.unmount()
+            try? FileManager.default.removeItem(atPath: scene.cache + "-x")
+        }
+        let lock = open(exclusive.path("lock"), O_WRONLY | O_CREAT | O_EXCL, 0o644)
+        #expect(lock >= 0)
+        #expect(throws: ObjectStoreError.self) { _ = try scene.store.raw.head(key: "lock") }
+        #expect(Self.write(lock, "held") == 0)
+        #expect(try scene.store.raw.getBytes(key: "lock", range: nil) == Array("held".utf8))
+        #expect(open(exclusive.path("lock"), O_WRONLY | O_CREAT | O_EXCL, 0o644) == -1 && errno == EEXIST)
     }
 
     /// With `poll_s` (default 1) and caches that would hide them for a minute, names another
