@@ -127,10 +127,11 @@ extension Filesystem {
             return (nodes, cool, expiring.compactMap { s.inodes[$0]?.key })
         }
         if !expiring.isEmpty { dropListingsAhead(of: expiring) }
+        let inUse = Set(hot.map(\.inode))
         poll.withLock { p in
             p.expired = cooled
             // Directories out of use are forgotten.
-            p.polledAt = p.polledAt.filter { polled in hot.contains { $0.inode == polled.key } }
+            p.polledAt = p.polledAt.filter { inUse.contains($0.key) }
         }
         let units = Self.pollUnits(of: hot) { skipFlat.contains($0.exact) }
         let polledAt = poll.withLock { $0.polledAt }
