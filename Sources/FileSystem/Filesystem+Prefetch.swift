@@ -272,6 +272,29 @@ extension Filesystem {
         }
     }
 
+    /// `prefetchedMetadata(entry, wait: true)` for a lookup: a directory's marker may come from
+    /// a walk listing under way (or one its lookup starts) instead of a HEAD of its own.
+    func prefetchedMetadataForLookup(_ entry: DirectoryEntry) -> PrefetchAnswer {
+        if entry.kind == .directory {
+            if case .known(let answer) = prefetchedMetadata(entry, wait: false) { return .known(answer) }
+            awaitMarkerFromWalk(entry)
+        }
+        return prefetchedMetadata(entry, wait: true)
+    }
+
+    /// Drops the queued HEADs of the markers `walk` will show: they would only race it.
+    func forgetQueuedMarkerHeads(coveredBy walk: WalkListing) {
+        prefetch.withLock { p in
+            let covered = p.slots.keys.filter { key in
+                guard case .queued? = p.slots[key] else { return false }
+                let bytes = key.string.utf8
+                return bytes.last == UInt8(ascii: "/") && bytes.starts(with: walk.prefix.utf8)
+                    && walk.startMarker.utf8.lexicographicallyPrecedes(bytes)
+            }
+            for key in covered { p.slots[key] = nil }
+        }
+    }
+
     /// Returns when every background HEAD queued so far has ended (tests).
     public func waitForPrefetch() {
         prefetching.wait()

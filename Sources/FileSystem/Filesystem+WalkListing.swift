@@ -22,13 +22,22 @@ import ObjectStore
 /// 3. The same rules as other listings ahead: usable only while nothing changed through this
 ///    mount since its page was asked for (`generation`), within `dir_timeout`, at most
 ///    `listAheadEntryLimit` entries. The walk listing pauses while listings of
-///    `walkAheadEntries` entries (or 4 windows of directories) wait unused, and goes on as the
+///    `walkAheadEntries` entries (or 16 windows of directories) wait unused, and goes on as the
 ///    walk uses them. A readdir of a directory the walk has not
 ///    reached yet waits for its pages (at most `lookupListingWait`), then lists by itself.
 /// 4. One walk listing at a time; a failure ends it quietly (each readdir then lists by itself).
 ///    Never of the container root, which holds the multipart parts.
+/// 5. Markers: a directory's attributes live on its `dir/` marker, which no delimiter listing of
+///    its parent shows, so each lookup of a subdirectory HEADs it. rsync looks up every
+///    subdirectory of a level before it goes into any: lookups that wait for a marker count as
+///    steps of a walk too, and start the walk listing at the marker of the one looked up. In a
+///    flat listing a directory's marker is its first key, so a directory whose first key is
+///    another has none: that answer is recorded (as a HEAD's, asked when the page was) as the
+///    page is placed, and a lookup of a subdirectory the walk listing will reach waits for its
+///    page (one page at most) instead of HEADing. The queued background HEADs of the markers
+///    it covers are dropped.
 extension Filesystem {
-    static let walkAheadEntries = 50_000
+    static let walkAheadEntries = 200_000
 
     /// One flat listing of a subtree under way (subtlety 1).
     final class WalkListing: Sendable {
@@ -51,6 +60,11 @@ extension Filesystem {
             var open: [OpenDirectory] = []
             /// The last key seen: directories before it are made (or were not wanted).
             var position: String
+            /// The last key of the last page whose directories are made and markers recorded.
+            var reached: String
+            /// Directories opened by a key other than their own marker: they have none
+            /// (subtlety 5).
+            var unmarked: [String] = []
             var done = false
             var running = false
             /// The page being fetched (and its directories made), for readdirs that wait for it.
@@ -64,7 +78,19 @@ extension Filesystem {
         init(prefix: String, after marker: String) {
             self.prefix = prefix
             startMarker = marker
-            scan = Locked(Scan(marker: marker, position: marker))
+            scan = Locked(Scan(marker: marker, position: marker, reached: marker))
+        }
+
+        /// Whether a walk listing under way will show whether the directory at `key` has a
+        /// marker; if so, the page to wait for (one whose keys may reach it, or the one being
+        /// placed). Subtlety 5.
+        func willReach(_ key: String) -> DispatchGroup? {
+            scan.withLock { s in
+                guard !s.done, let page = s.page, key.utf8.starts(with: prefix.utf8),
+                    startMarker.utf8.lexicographicallyPrecedes(key.utf8), s.reached.utf8.lexicographicallyPrecedes(key.utf8)
+                else { return nil }
+                return page
+            }
         }
 
         /// The page a readdir of the directory at `key` may wait for: one that may reach it
@@ -94,6 +120,19 @@ extension Filesystem {
     /// Counts a listing ahead that a readdir of `key` used; starts a walk listing of its parent
     /// when the walk is evident (subtlety 1). Under the list-ahead lock; returns the walk to run.
     func noteListingUsed(_ key: String, in a: inout AheadState) -> WalkListing? {
+        noteWalkStep(key, in: &a, after: key)
+    }
+
+    /// Counts a lookup of the subdirectory at `key` that has to wait for its marker: rsync looks
+    /// up every subdirectory of a level before it goes into any (subtlety 5). The walk listing
+    /// it may start begins at that subdirectory's marker. Under the list-ahead lock.
+    func noteSubdirectoryLookup(_ key: String, in a: inout AheadState) -> WalkListing? {
+        noteWalkStep(key, in: &a, after: String(key.dropLast()))
+    }
+
+    /// A step of a walk through the subdirectory at `key` (subtlety 1); starts the walk listing
+    /// of its parent after `marker` when the walk is evident.
+    private func noteWalkStep(_ key: String, in a: inout AheadState, after marker: String) -> WalkListing? {
         let parent = Self.parentKey(of: key)
         // One at a time; a paused one (its walk went elsewhere) may be replaced.
         guard !parent.isEmpty, a.walk.map({ $0.scan.withLock { $0.done || !$0.running } }) ?? true else { return nil }
@@ -102,28 +141,49 @@ extension Filesystem {
         guard a.hits[parent.exact]! >= configuration.walkListingAfter,
             let index = a.batches.lastIndex(where: { batch in
                 batch.entries.first.map { Self.parentKey(of: $0.key).utf8.elementsEqual(parent.utf8) } ?? false
-            }),
-            a.batches[index].entries.count - a.batches[index].next >= configuration.walkListingMinimum
+            })
         else { return nil }
-        // The waiting siblings after it are the walk listing's now (their readdirs wait for its
-        // pages); any before it (a walk in another order than the bytes') stay queued.
-        var batch = a.batches.remove(at: index)
-        let waiting = batch.entries[batch.next...]
+        // The waiting siblings after it become the walk listing's (their readdirs wait for its
+        // pages); any before it (a walk in another order than the bytes') stay queued. Not worth
+        // it for fewer than `walkListingMinimum` still queued (a listing of the parent made
+        // again queues the directories whose listings ahead were used already).
+        let waiting = a.batches[index].entries[a.batches[index].next...]
         let before = waiting.filter { $0.key.utf8.lexicographicallyPrecedes(key.utf8) }
-        for directory in waiting where !directory.key.utf8.lexicographicallyPrecedes(key.utf8) {
-            if case .queued? = a.slots[directory.key.exact] { a.slots[directory.key.exact] = nil }
+        let handed = waiting.filter { directory in
+            guard case .queued? = a.slots[directory.key.exact] else { return false }
+            return !directory.key.utf8.lexicographicallyPrecedes(key.utf8)
         }
+        guard handed.count >= configuration.walkListingMinimum else { return nil }
+        var batch = a.batches.remove(at: index)
+        for directory in handed { a.slots[directory.key.exact] = nil }
         a.waiting -= waiting.count - before.count
         if !before.isEmpty {
             batch = (Array(before), 0)
             a.batches.insert(batch, at: index)
         }
         a.hits[parent.exact] = nil
-        let walk = WalkListing(prefix: parent, after: key)
+        let walk = WalkListing(prefix: parent, after: marker)
         walk.scan.withLock { $0.running = true; $0.page = DispatchGroup(); $0.page!.enter() }
         a.walk = walk
-        logger.debug("listing '\(parent)' whole after '\(key)': a walk goes through it")
+        logger.debug("listing '\(parent)' whole after '\(marker)': a walk goes through it")
         return walk
+    }
+
+    /// For a lookup of the subdirectory `entry` whose marker is not known: counts the step
+    /// (`noteSubdirectoryLookup`), then waits for a walk listing that will show the marker, one
+    /// page at most. Its answer is then recorded for `prefetchedMetadata`.
+    func awaitMarkerFromWalk(_ entry: DirectoryEntry) {
+        guard configuration.listAhead > 0, configuration.directoryCacheSeconds > 0 else { return }
+        let (started, page): (WalkListing?, DispatchGroup?) = listingsAhead.withLock { a in
+            guard !a.stopped else { return (nil, nil) }
+            let started = noteSubdirectoryLookup(entry.key, in: &a)
+            return (started, (started ?? a.walk)?.willReach(entry.key))
+        }
+        if let started {
+            forgetQueuedMarkerHeads(coveredBy: started)
+            startWalkListing(started)
+        }
+        _ = page?.wait(timeout: .now() + Self.lookupListingWait)
     }
 
     /// Runs `walk` on the pool (its first page's group is entered already).
@@ -136,6 +196,20 @@ extension Filesystem {
         if !started {
             endWalkListing(walk)
             listingAhead.leave()
+        }
+    }
+
+    /// Records that the directories the last page opened without their own marker have none
+    /// (subtlety 5): the answer a HEAD of each marker would give, asked when the page was.
+    private func recordNoMarkers(of walk: WalkListing, askedAt: UInt64) {
+        let unmarked: [String] = walk.scan.withLock { s in
+            defer { s.unmarked = [] }
+            // (Not one the start marker cut: its marker, if any, was before the first key.)
+            return s.unmarked.filter { !walk.startMarker.utf8.starts(with: $0.utf8) }
+        }
+        for key in unmarked {
+            let name = String(key.dropLast().split(separator: "/", omittingEmptySubsequences: false).last ?? "")
+            recordPrefetched(DirectoryBuilder.directory(name, key: key), answer: .some(nil), askedAt: askedAt)
         }
     }
 
@@ -245,6 +319,7 @@ extension Filesystem {
                 }
                 s.placing = complete.map(\.prefix)
             }
+            recordNoMarkers(of: walk, askedAt: askedAt)
             let made = complete.compactMap { directory in
                 directory.tooLarge || walk.startMarker.utf8.starts(with: directory.prefix.utf8) ? nil : listing(of: directory)
             }
@@ -266,6 +341,7 @@ extension Filesystem {
             // The page is in: readdirs waiting for it look again (and wait for the next one).
             let finished: DispatchGroup? = walk.scan.withLock { s in
                 s.placing = []
+                s.reached = s.position
                 let finished = s.page
                 if more && !paused {
                     s.page = DispatchGroup()
@@ -288,9 +364,9 @@ extension Filesystem {
 
     /// Whether the walk listing may fetch its next page: its directories waiting unused hold
     /// fewer than `walkAheadEntries` entries (it runs ahead of the directories listed one by
-    /// one, which fill the window before it starts), and at most 4 windows of directories.
+    /// one, which fill the window before it starts), and at most 16 windows of directories.
     func canWalkOn(_ a: AheadState) -> Bool {
-        a.heldEntries < Self.walkAheadEntries && a.held < 4 * configuration.listAheadWindow
+        a.heldEntries < Self.walkAheadEntries && a.held < 16 * configuration.listAheadWindow
     }
 
     /// Starts the walk listing again if it paused and the window has room (under the list-ahead lock).
@@ -315,7 +391,7 @@ extension Filesystem {
         ofFlat entries: [ListEntry], below base: String
     ) -> (listings: [ExactString: [ListEntry]], tooLarge: Set<ExactString>) {
         let make = { (prefix: String) in WalkListing.OpenDirectory(prefix: prefix, askedAt: 0, startedAt: 0, generation: 0) }
-        var scan = WalkListing.Scan(marker: "", position: "")
+        var scan = WalkListing.Scan(marker: "", position: "", reached: "")
         scan.open = [make(base)]
         var complete: [WalkListing.OpenDirectory] = []
         for entry in entries {
@@ -351,6 +427,7 @@ extension Filesystem {
             let directory = parent + String(decoding: rest[..<rest.index(after: slash)], as: UTF8.self)
             if !s.open.isEmpty { append(.commonPrefix(directory), to: &s.open[s.open.count - 1]) }
             s.open.append(make(directory))
+            if !key.elementsEqual(directory.utf8) { s.unmarked.append(directory) }
             parent = directory
             rest = rest[rest.index(after: slash)...]
         }

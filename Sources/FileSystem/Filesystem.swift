@@ -365,7 +365,7 @@ public final class Filesystem: Sendable {
             if let known, known.kind == entry.kind, now() - known.confirmedAt <= configuration.attributeCacheSeconds {
                 // A zero-byte listing entry may be a DLO whose size and ETag the node has from a HEAD.
                 fresh = true
-            } else if case .known(let answer) = prefetchedMetadata(entry, wait: true) {
+            } else if case .known(let answer) = prefetchedMetadataForLookup(entry) {
                 guard answer.info != nil || entry.kind == .directory else {
                     throw FSError(.notFound, "'\(entry.key)' is gone from the server")
                 }

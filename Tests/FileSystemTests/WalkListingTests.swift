@@ -106,3 +106,64 @@ struct WalkListingTests {
         #expect(try fs.names(in: removed.inode) == ["a", "c"])
     }
 }
+
+extension WalkListingTests {
+    /// rsync's generator never reads the destination's directories: it looks up every
+    /// subdirectory of a level first, then every name in each of them. Each subdirectory's
+    /// attributes live on its marker, which a delimiter listing of the parent cannot show: a
+    /// lookup that waits for a HEAD of each, one after another, was most of rsync -an's time with
+    /// 20 ms a request (bench/RESULTS.md, "rsync -an at 20 ms"). The flat walk listing shows
+    /// every marker (or its absence) as its pages pass, and then holds each directory's names.
+    @Test func lookupsOfEverySubdirectoryThenOfTheirNamesListTheSubtreeWhole() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        for n in 1...400 { fake.seed(String(format: "t/e%03d/a", n), text: "e") }
+        let reference = makeFilesystem(fake, listAhead: 0)
+        defer { reference.shutdown() }
+        let t0 = try reference.lookup(parent: root, name: "t")
+        let directories = try reference.names(in: t0.inode).filter { try reference.lookup(parent: t0.inode, name: $0).kind == .directory }
+        var names: [String: [String]] = [:]
+        var expected: [String] = []
+        var expectedNames: [String] = []
+        for directory in directories {
+            let d = try reference.lookup(parent: t0.inode, name: directory)
+            expected.append("\(directory) \(String(d.permissions, radix: 8))")
+            names[directory] = try reference.names(in: d.inode)
+            for name in names[directory]! {
+                let a = try reference.lookup(parent: d.inode, name: name)
+                expectedNames.append("\(directory)/\(name) \(a.kind) \(a.kind == .directory ? 0 : a.size)")
+            }
+        }
+        expected += expectedNames
+        #expect(directories.count > 700)
+
+        let calls = Locked<[(FaultInjectingStore.Call.Operation, String)]>([])
+        let store = FaultInjectingStore(fake) { call in
+            calls.withLock { $0.append((call.operation, call.key)) }
+            return .none
+        }
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let t = try fs.lookup(parent: root, name: "t")
+        var seen: [String] = []
+        var inodes: [String: InodeNumber] = [:]
+        for directory in directories {
+            let d = try fs.lookup(parent: t.inode, name: directory)
+            seen.append("\(directory) \(String(d.permissions, radix: 8))")
+            inodes[directory] = d.inode
+        }
+        for directory in directories {
+            for name in names[directory]! {
+                let a = try fs.lookup(parent: inodes[directory]!, name: name)
+                seen.append("\(directory)/\(name) \(a.kind) \(a.kind == .directory ? 0 : a.size)")
+            }
+        }
+        let differing = zip(seen, expected).filter { $0 != $1 }
+        #expect(seen.count == expected.count && differing.isEmpty, "\(differing.prefix(5))")
+        let recorded = calls.withLock { $0 }
+        let markerHeads = recorded.filter { $0.0 == .head && $0.1.hasPrefix("t/") && $0.1.hasSuffix("/") }
+        let perDirectory = recorded.filter { $0.0 == .list && $0.1.hasPrefix("t/") && $0.1 != "t/" }
+        #expect(markerHeads.count <= 10, "\(markerHeads.count) markers HEADed one by one")
+        #expect(perDirectory.count <= FilesystemConfiguration().listAheadWindow + 12, "\(perDirectory.count) directories listed one by one")
+    }
+}
