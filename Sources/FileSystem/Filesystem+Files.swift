@@ -765,7 +765,7 @@ extension Filesystem {
                     path: open.path, size: snapshot.size, key: node.key, contentType: contentType,
                     metadata: metadata, early: early, generations: snapshot.partGenerations,
                     check: lostUpdateCheck(key: node.key, base: snapshot.baseETag, bytes: (open.path, snapshot.size)))
-                if result.key != node.key {
+                if !result.key.isSameKey(as: node.key) {
                     return afterConflictCopy(open, snapshot: snapshot, node: node)
                 }
                 if let replaced, replaced != result.manifest {
@@ -1094,7 +1094,7 @@ extension Filesystem {
             let stored = try uploader(recoveryStore).upload(
                 path: path, size: size, key: upload.key, contentType: upload.contentType, metadata: upload.metadata,
                 check: check)
-            if stored.key != upload.key { configuration.metrics.conflicts.add() }
+            if !stored.key.isSameKey(as: upload.key) { configuration.metrics.conflicts.add() }
             Spool.remove(dataPath: path)
             logger.notice("stored '\(stored.key)' from \(path), owed by an earlier mount")
         case .attributes(let note, let change):

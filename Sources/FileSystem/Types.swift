@@ -194,7 +194,8 @@ struct DirectoryEntry: Sendable, Equatable {
     }
 
     static func == (a: DirectoryEntry, b: DirectoryEntry) -> Bool {
-        a.name == b.name && a.kind == b.kind && a.key == b.key && a.size == b.size && a.etag == b.etag
+        // (Names and keys by their bytes: two spellings of "é" are two entries.)
+        a.name.isSameKey(as: b.name) && a.kind == b.kind && a.key.isSameKey(as: b.key) && a.size == b.size && a.etag == b.etag
             && a.lastModified == b.lastModified && a.contentType == b.contentType
     }
 }
