@@ -298,13 +298,41 @@ public final class Filesystem: Sendable {
         // An answer from before a change made here that no node remembers is asked again
         // (DirectoryCache rule 4); the last try takes what it gets, unless this mount removed the
         // name after the answer (see `link`).
-        for attempt in 1...Self.lookupAttempts {
-            if let attributes = try lookupOnce(parent: parent, name: name, lastTry: attempt == Self.lookupAttempts) {
-                if attributes.kind != .directory { state.withLock { $0.directories.noteNamesUsed(parent, now: now()) } }
-                return attributes
+        do {
+            for attempt in 1...Self.lookupAttempts {
+                if let attributes = try lookupOnce(parent: parent, name: name, lastTry: attempt == Self.lookupAttempts) {
+                    if attributes.kind != .directory { state.withLock { $0.directories.noteNamesUsed(parent, now: now()) } }
+                    return attributes
+                }
             }
+        } catch where error.code == .notFound {
+            // A directory the store no longer shows is there while a file below it is being
+            // written (`holdsFileBeingWritten`).
+            let kept: Attributes? = state.withLock { s in
+                guard let node = s.inodes.child(parent, name), node.kind == .directory, holdsFileBeingWritten(node.inode, in: s)
+                else { return nil }
+                s.inodes.countLookup(node.inode)
+                return attributes(of: node)
+            }
+            if let kept { return kept }
+            throw error
         }
         preconditionFailure("INTERNAL ERROR: the last lookup attempt returns or throws")
+    }
+
+    /// Whether a file being written (open, or its upload pending) lies below `directory` under
+    /// names that lead to it. Such a directory is there whatever a listing says (another client
+    /// removed every other key below it): a listing that lacks it keeps it, lookups find it and
+    /// readdir shows it, as it does the file (its upload makes the directory again).
+    func holdsFileBeingWritten(_ directory: InodeNumber, in s: State) -> Bool {
+        for open in s.openFiles.keys {
+            var current = s.inodes[open]
+            while let node = current, node.linked, node.inode != Self.rootInode {
+                if node.parent == directory { return true }
+                current = s.inodes[node.parent]
+            }
+        }
+        return false
     }
 
     static let lookupAttempts = 3
@@ -511,8 +539,9 @@ public final class Filesystem: Sendable {
         }
         guard remembered else { return table }
         // Names the server no longer lists are gone (another client removed them), unless
-        // they hold bytes not stored yet.
+        // they hold bytes not stored yet (a directory: below it).
         for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
+            if s.inodes[child]?.kind == .directory && holdsFileBeingWritten(child, in: s) { continue }
             s.inodes.unhook(parent: inode, name: name.string)
         }
         s.sweep()
@@ -883,11 +912,16 @@ public final class Filesystem: Sendable {
                     recorded = (s.directories.anyListing(inode)?.entries.addedHere ?? []).filter { shown[$0.name.exact] == nil }
                 }
                 let recordedNames = Set(recorded.map(\.name.exact))
-                let open = s.inodes.children(of: inode).filter { child in
-                    s.openFiles[child.inode] != nil && shown[child.name] == nil && !recordedNames.contains(child.name)
-                        && !(table?.listed(child.name) ?? false)
+                let lacking = s.inodes.children(of: inode).filter { child in
+                    shown[child.name] == nil && !recordedNames.contains(child.name) && !(table?.listed(child.name) ?? false)
                 }
-                return recorded.map { .listed($0) }
+                let open = lacking.filter { s.openFiles[$0.inode] != nil }
+                let holding = lacking.compactMap { child -> DirectoryEntry? in
+                    guard let node = s.inodes[child.inode], node.kind == .directory, holdsFileBeingWritten(node.inode, in: s)
+                    else { return nil }
+                    return DirectoryBuilder.directory(child.name.string, key: node.key)
+                }
+                return recorded.map { .listed($0) } + holding.map { .listed($0) }
                     + open.sorted { $0.name < $1.name }.map { .local($0.name.string, $0.inode) }
             }
         }
