@@ -63,7 +63,7 @@ extension Filesystem {
         var heldEntries = 0
         /// The flat listing of a subtree under way, if any (`Filesystem+WalkListing`; its scan
         /// lock is taken inside this one, never the other way).
-        var walk: WalkListing? = nil
+        var walks: [WalkListing] = []
         /// Per directory, how many of its subdirectories' listings ahead readdirs used.
         var hits: [ExactString: Int] = [:]
         /// The fetched ones, oldest first, with when they started (some may be used already).
@@ -234,7 +234,7 @@ extension Filesystem {
             case nil:
                 // The slot and the walk listing in one look: its page may have just filled it.
                 let (current, walkPage) = listingsAhead.withLock { a in
-                    (a.slots[key], a.slots[key] == nil && !waitedForWalk ? a.walk?.willCover(directory.key) : nil)
+                    (a.slots[key], a.slots[key] == nil && !waitedForWalk ? a.walks.lazy.compactMap { $0.willCover(directory.key) }.first : nil)
                 }
                 if current != nil {
                     slot = current
@@ -253,25 +253,26 @@ extension Filesystem {
         case .running: return nil
         case .queued:
             let now = self.now()
-            let (start, walk): (Int, WalkListing?) = listingsAhead.withLock { a in
+            let (start, lanes): (Int, [WalkListing]) = listingsAhead.withLock { a in
                 if dropQueued, case .queued? = a.slots[key] { a.slots[key] = nil }
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
                 if a.held >= configuration.listAheadWindow { a.makeRoom() }
-                return a.stopped ? (0, nil) : (a.startable(width: configuration.listAhead), resumableWalk(&a))
+                return a.stopped ? (0, []) : (a.startable(width: configuration.listAhead), resumableWalk(&a))
             }
             startListAheadWorkers(start)
-            if let walk { startWalkListing(walk) }
+            startWalkListing(lanes, new: false)
             return nil
         case .done(let listing):
-            let (start, walk): (Int, WalkListing?) = listingsAhead.withLock { a in
+            let (start, started, resumed): (Int, [WalkListing], [WalkListing]) = listingsAhead.withLock { a in
                 // (Only this listing: the slot may hold a later one of the directory by now.)
-                guard a.take(key, startedAt: listing.startedAt) else { return (0, nil) }
-                guard !a.stopped else { return (0, nil) }
-                let walk = noteListingUsed(directory.key, in: &a) ?? resumableWalk(&a)
-                return (a.startable(width: configuration.listAhead), walk)
+                guard a.take(key, startedAt: listing.startedAt) else { return (0, [], []) }
+                guard !a.stopped else { return (0, [], []) }
+                let started = noteListingUsed(directory.key, in: &a)
+                return (a.startable(width: configuration.listAhead), started, started.isEmpty ? resumableWalk(&a) : [])
             }
             startListAheadWorkers(start)
-            if let walk { startWalkListing(walk) }
+            startWalkListing(started)
+            startWalkListing(resumed, new: false)
             return state.withLock { s in
                 guard listing.generation == s.directories.generation,
                     now() - listing.startedAt <= configuration.directoryCacheSeconds
@@ -303,7 +304,7 @@ extension Filesystem {
             a.slots = a.slots.filter { if case .queued = $0.value { false } else { true } }
             a.batches.removeAll()
             a.waiting = 0
-            a.walk = nil
+            a.walks = []
         }
     }
 }

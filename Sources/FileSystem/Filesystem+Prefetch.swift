@@ -282,14 +282,13 @@ extension Filesystem {
         return prefetchedMetadata(entry, wait: true)
     }
 
-    /// Drops the queued HEADs of the markers `walk` will show: they would only race it.
-    func forgetQueuedMarkerHeads(coveredBy walk: WalkListing) {
+    /// Drops the queued HEADs of the markers the walk listing's `lanes` will show: they would
+    /// only race it.
+    func forgetQueuedMarkerHeads(coveredBy lanes: [WalkListing]) {
         prefetch.withLock { p in
             let covered = p.slots.keys.filter { key in
-                guard case .queued? = p.slots[key] else { return false }
-                let bytes = key.string.utf8
-                return bytes.last == UInt8(ascii: "/") && bytes.starts(with: walk.prefix.utf8)
-                    && walk.startMarker.utf8.lexicographicallyPrecedes(bytes)
+                guard case .queued? = p.slots[key], key.string.utf8.last == UInt8(ascii: "/") else { return false }
+                return lanes.contains { $0.holds(key.string) }
             }
             for key in covered { p.slots[key] = nil }
         }

@@ -36,6 +36,14 @@ import ObjectStore
 ///    page is placed, and a lookup of a subdirectory the walk listing will reach waits for its
 ///    page (one page at most) instead of HEADing. The queued background HEADs of the markers
 ///    it covers are dropped.
+/// 6. Lanes: the walk listing runs as `walkLanes` flat listings at once, each over an equal
+///    share of the waiting subdirectories (in byte order): a lane after the first starts after
+///    its first directory's key without the slash (so that its marker comes) and the lane
+///    before ends there (`end_marker`). A directory's keys all start with `d/`, and no lane's
+///    end does, so they fall in one lane whole: each lane completes its directories as one
+///    listing does. A server with cores to spare lists the lanes at once; more lanes than 2
+///    fetch the last directories so early that rsync, which looks them up twice (every
+///    directory of a level first, then their names), found them past `dir_timeout`.
 extension Filesystem {
     static let walkAheadEntries = 200_000
 
@@ -44,6 +52,8 @@ extension Filesystem {
         let prefix: String
         /// Keys after this one.
         let startMarker: String
+        /// Keys before this one (nil: to the end of the prefix): the lane's end (subtlety 6).
+        let endMarker: String?
 
         struct OpenDirectory {
             var prefix: String
@@ -75,10 +85,18 @@ extension Filesystem {
 
         let scan: Locked<Scan>
 
-        init(prefix: String, after marker: String) {
+        init(prefix: String, after marker: String, before end: String? = nil) {
             self.prefix = prefix
             startMarker = marker
+            endMarker = end
             scan = Locked(Scan(marker: marker, position: marker, reached: marker))
+        }
+
+        /// Whether the keys of the directory at `key` are in this lane's range (a directory's
+        /// keys are never split between lanes: subtlety 6).
+        func holds(_ key: String) -> Bool {
+            key.utf8.starts(with: prefix.utf8) && startMarker.utf8.lexicographicallyPrecedes(key.utf8)
+                && (endMarker.map { key.utf8.lexicographicallyPrecedes($0.utf8) } ?? true)
         }
 
         /// Whether a walk listing under way will show whether the directory at `key` has a
@@ -86,24 +104,22 @@ extension Filesystem {
         /// placed). Subtlety 5.
         func willReach(_ key: String) -> DispatchGroup? {
             scan.withLock { s in
-                guard !s.done, let page = s.page, key.utf8.starts(with: prefix.utf8),
-                    startMarker.utf8.lexicographicallyPrecedes(key.utf8), s.reached.utf8.lexicographicallyPrecedes(key.utf8)
-                else { return nil }
+                guard !s.done, let page = s.page, holds(key), s.reached.utf8.lexicographicallyPrecedes(key.utf8) else { return nil }
                 return page
             }
         }
 
         /// The page a readdir of the directory at `key` may wait for: one that may reach it
-        /// (not yet seen), or the one whose directories are being made. Not one open since an
-        /// earlier page: a directory is made only once its whole subtree is listed, which a
-        /// depth-first walk reads after it.
+        /// (not yet seen), the one whose directories are being made, or the next when it is the
+        /// innermost directory still open (the last of a page: the next one ends it). Not an
+        /// ancestor open since an earlier page: it is made only once its whole subtree is
+        /// listed, which a depth-first walk reads after it.
         func willCover(_ key: String) -> DispatchGroup? {
             scan.withLock { s in
-                guard !s.done, let page = s.page, key.utf8.starts(with: prefix.utf8),
-                    !startMarker.utf8.starts(with: key.utf8),
-                    startMarker.utf8.lexicographicallyPrecedes(key.utf8),
+                guard !s.done, let page = s.page, holds(key), !startMarker.utf8.starts(with: key.utf8),
                     s.position.utf8.lexicographicallyPrecedes(key.utf8)
                         || s.placing.contains(where: { $0.utf8.elementsEqual(key.utf8) })
+                        || s.open.last.map({ $0.prefix.utf8.elementsEqual(key.utf8) }) ?? false
                 else { return nil }
                 return page
             }
@@ -119,30 +135,30 @@ extension Filesystem {
 
     /// Counts a listing ahead that a readdir of `key` used; starts a walk listing of its parent
     /// when the walk is evident (subtlety 1). Under the list-ahead lock; returns the walk to run.
-    func noteListingUsed(_ key: String, in a: inout AheadState) -> WalkListing? {
+    func noteListingUsed(_ key: String, in a: inout AheadState) -> [WalkListing] {
         noteWalkStep(key, in: &a, after: key)
     }
 
     /// Counts a lookup of the subdirectory at `key` that has to wait for its marker: rsync looks
     /// up every subdirectory of a level before it goes into any (subtlety 5). The walk listing
     /// it may start begins at that subdirectory's marker. Under the list-ahead lock.
-    func noteSubdirectoryLookup(_ key: String, in a: inout AheadState) -> WalkListing? {
+    func noteSubdirectoryLookup(_ key: String, in a: inout AheadState) -> [WalkListing] {
         noteWalkStep(key, in: &a, after: String(key.dropLast()))
     }
 
     /// A step of a walk through the subdirectory at `key` (subtlety 1); starts the walk listing
     /// of its parent after `marker` when the walk is evident.
-    private func noteWalkStep(_ key: String, in a: inout AheadState, after marker: String) -> WalkListing? {
+    private func noteWalkStep(_ key: String, in a: inout AheadState, after marker: String) -> [WalkListing] {
         let parent = Self.parentKey(of: key)
         // One at a time; a paused one (its walk went elsewhere) may be replaced.
-        guard !parent.isEmpty, a.walk.map({ $0.scan.withLock { $0.done || !$0.running } }) ?? true else { return nil }
+        guard !parent.isEmpty, a.walks.allSatisfy({ $0.scan.withLock { $0.done || !$0.running } }) else { return [] }
         if a.hits.count > 1_000 { a.hits = [:] }
         a.hits[parent.exact, default: 0] += 1
         guard a.hits[parent.exact]! >= configuration.walkListingAfter,
             let index = a.batches.lastIndex(where: { batch in
                 batch.entries.first.map { Self.parentKey(of: $0.key).utf8.elementsEqual(parent.utf8) } ?? false
             })
-        else { return nil }
+        else { return [] }
         // The waiting siblings after it become the walk listing's (their readdirs wait for its
         // pages); any before it (a walk in another order than the bytes') stay queued. Not worth
         // it for fewer than `walkListingMinimum` still queued (a listing of the parent made
@@ -153,7 +169,7 @@ extension Filesystem {
             guard case .queued? = a.slots[directory.key.exact] else { return false }
             return !directory.key.utf8.lexicographicallyPrecedes(key.utf8)
         }
-        guard handed.count >= configuration.walkListingMinimum else { return nil }
+        guard handed.count >= configuration.walkListingMinimum else { return [] }
         var batch = a.batches.remove(at: index)
         for directory in handed { a.slots[directory.key.exact] = nil }
         a.waiting -= waiting.count - before.count
@@ -162,11 +178,19 @@ extension Filesystem {
             a.batches.insert(batch, at: index)
         }
         a.hits[parent.exact] = nil
-        let walk = WalkListing(prefix: parent, after: marker)
-        walk.scan.withLock { $0.running = true; $0.page = DispatchGroup(); $0.page!.enter() }
-        a.walk = walk
-        logger.debug("listing '\(parent)' whole after '\(marker)': a walk goes through it")
-        return walk
+        // Lanes (subtlety 6): the directories handed over, in byte order, in equal shares of at
+        // least `walkListingMinimum`; each lane after the first starts at its first directory's
+        // marker (the key without its slash) and ends where the next starts.
+        let directories = handed.map(\.key).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+        let lanes = max(1, min(configuration.walkLanes, directories.count / max(1, configuration.walkListingMinimum)))
+        let starts = [marker] + (1..<lanes).map { String(directories[$0 * directories.count / lanes].dropLast()) }
+        a.walks = starts.indices.map { i in
+            let lane = WalkListing(prefix: parent, after: starts[i], before: i + 1 < starts.count ? starts[i + 1] : nil)
+            lane.scan.withLock { $0.running = true; $0.page = DispatchGroup(); $0.page!.enter() }
+            return lane
+        }
+        logger.debug("listing '\(parent)' whole after '\(marker)' in \(lanes) lane(s): a walk goes through it")
+        return a.walks
     }
 
     /// For a lookup of the subdirectory `entry` whose marker is not known: counts the step
@@ -174,20 +198,25 @@ extension Filesystem {
     /// page at most. Its answer is then recorded for `prefetchedMetadata`.
     func awaitMarkerFromWalk(_ entry: DirectoryEntry) {
         guard configuration.listAhead > 0, configuration.directoryCacheSeconds > 0 else { return }
-        let (started, page): (WalkListing?, DispatchGroup?) = listingsAhead.withLock { a in
-            guard !a.stopped else { return (nil, nil) }
+        let (started, page): ([WalkListing], DispatchGroup?) = listingsAhead.withLock { a in
+            guard !a.stopped else { return ([], nil) }
             let started = noteSubdirectoryLookup(entry.key, in: &a)
-            return (started, (started ?? a.walk)?.willReach(entry.key))
+            return (started, a.walks.lazy.compactMap { $0.willReach(entry.key) }.first)
         }
-        if let started {
-            forgetQueuedMarkerHeads(coveredBy: started)
-            startWalkListing(started)
-        }
+        startWalkListing(started)
         _ = page?.wait(timeout: .now() + Self.lookupListingWait)
     }
 
-    /// Runs `walk` on the pool (its first page's group is entered already).
-    func startWalkListing(_ walk: WalkListing) {
+    /// Runs the `lanes` of a walk listing on the pool (each one's first page's group is entered
+    /// already). A new walk's lanes drop the queued background HEADs of the markers they will
+    /// show (subtlety 5): those HEADs would only race them.
+    func startWalkListing(_ lanes: [WalkListing], new: Bool = true) {
+        guard !lanes.isEmpty else { return }
+        if new { forgetQueuedMarkerHeads(coveredBy: lanes) }
+        for lane in lanes { startWalkListing(lane) }
+    }
+
+    private func startWalkListing(_ walk: WalkListing) {
         listingAhead.enter()
         let started = pool.submit { [self] in
             runWalkListing(walk)
@@ -236,7 +265,8 @@ extension Filesystem {
         let askedAt = storeClock.tick()
         let startedAt = now()
         do {
-            let page = try store.list(prefix: walk.prefix, delimiter: nil, marker: marker, limit: configuration.listPageSize)
+            let page = try store.list(
+                prefix: walk.prefix, delimiter: nil, marker: marker, endMarker: walk.endMarker, limit: configuration.listPageSize)
             return WalkPage(page: page, generation: generation, askedAt: askedAt, startedAt: startedAt)
         } catch {
             logger.debug("listing '\(walk.prefix)' whole failed: \(error)")
@@ -289,7 +319,7 @@ extension Filesystem {
         var asked: (() -> WalkPage)? = nil
         while true {
             let go: Bool = listingsAhead.withLock { a in
-                guard !a.stopped, a.walk === walk else { return false }
+                guard !a.stopped, a.walks.contains(where: { $0 === walk }) else { return false }
                 return true
             }
             guard go else {
@@ -369,18 +399,20 @@ extension Filesystem {
         a.heldEntries < Self.walkAheadEntries && a.held < 16 * configuration.listAheadWindow
     }
 
-    /// Starts the walk listing again if it paused and the window has room (under the list-ahead lock).
-    func resumableWalk(_ a: inout AheadState) -> WalkListing? {
+    /// The lanes of the walk listing to start again: those that paused, if the window has room
+    /// (under the list-ahead lock).
+    func resumableWalk(_ a: inout AheadState) -> [WalkListing] {
         a.expire(now: now(), maximumAge: configuration.directoryCacheSeconds)
-        guard let walk = a.walk, !a.stopped, canWalkOn(a) else { return nil }
-        let resume: Bool = walk.scan.withLock { s in
-            guard !s.done, !s.running else { return false }
-            s.running = true
-            s.page = DispatchGroup()
-            s.page!.enter()
-            return true
+        guard !a.stopped, canWalkOn(a) else { return [] }
+        return a.walks.filter { lane in
+            lane.scan.withLock { s in
+                guard !s.done, !s.running else { return false }
+                s.running = true
+                s.page = DispatchGroup()
+                s.page!.enter()
+                return true
+            }
         }
-        return resume ? walk : nil
     }
 
     /// Every directory's listing in `entries`, one whole flat listing of the subtree at `base`

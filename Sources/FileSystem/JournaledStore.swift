@@ -88,6 +88,17 @@ final class JournaledStore: ObjectStore {
         }
     }
 
+    func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+        throws(ObjectStoreError) -> ListPage
+    {
+        if let recovered, !recovered.isEmpty { try recovered.settle(listing: prefix, delimiter: delimiter) }
+        // With deletes owed below the prefix, the page is filtered here (subtlety 3), then cut.
+        guard endMarker != nil, deletes.pendingVersions(withPrefix: prefix).isEmpty else {
+            return try list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit).ending(before: endMarker)
+        }
+        return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: endMarker, limit: limit)
+    }
+
     func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
         if let recovered, !recovered.isEmpty { try recovered.settle(listing: prefix, delimiter: delimiter) }
         let before = deletes.pendingVersions(withPrefix: prefix)

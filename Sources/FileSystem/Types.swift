@@ -137,6 +137,9 @@ public struct FilesystemConfiguration: Sendable {
     /// directory were read from listings ahead and at least `walkListingMinimum` more wait.
     public var walkListingAfter: Int = 3
     public var walkListingMinimum: Int = 16
+    /// A walk listing runs in up to this many lanes at once, each over a share of the
+    /// subdirectories (`Filesystem+WalkListing`, subtlety 6).
+    public var walkLanes: Int = 2
     /// At most this many nodes (names the kernel holds) and, apart, this many names in
     /// remembered listings (`meta_max_entries`; 0: no bound). See `Filesystem+Bound`.
     public var maximumEntries: Int = 250_000

@@ -22,6 +22,13 @@ public struct ListPage: Sendable, Equatable {
         self.entries = entries
         self.nextMarker = nextMarker
     }
+
+    /// The page without the names from `endMarker` on (byte order); complete if it lost any.
+    public func ending(before endMarker: String?) -> ListPage {
+        guard let endMarker else { return self }
+        let before = entries.prefix { $0.name.utf8.lexicographicallyPrecedes(endMarker.utf8) }
+        return before.count == entries.count ? self : ListPage(entries: Array(before), nextMarker: nil)
+    }
 }
 
 /// One entry of a delimiter listing.
@@ -150,6 +157,10 @@ public protocol ObjectStore: Sendable {
     /// One page of the listing of keys starting with `prefix`, after `marker`.
     func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage
 
+    /// As `list`, of the names before `endMarker` only (the protocol's `end_marker`; nil: no end).
+    func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int) throws(ObjectStoreError)
+        -> ListPage
+
     func head(key: String) throws(ObjectStoreError) -> ObjectInfo
 
     /// GETs `range` (or the whole object) and hands the body to `sink` in order, piece by piece.
@@ -214,6 +225,14 @@ public protocol ObjectStore: Sendable {
 }
 
 extension ObjectStore {
+    /// `list` with an end: the page cut where the names reach `endMarker` (a store that can ask
+    /// the server for it does).
+    public func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+        throws(ObjectStoreError) -> ListPage
+    {
+        try list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit).ending(before: endMarker)
+    }
+
     /// Reads the whole listing below `prefix`, page after page.
     public func listAll(prefix: String, delimiter: String?, pageSize: Int = 10_000) throws(ObjectStoreError)
         -> [ListEntry]

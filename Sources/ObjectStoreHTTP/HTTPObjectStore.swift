@@ -88,12 +88,19 @@ public final class HTTPObjectStore: ObjectStore {
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError)
         -> ListPage
     {
+        try list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: nil, limit: limit)
+    }
+
+    public func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+        throws(ObjectStoreError) -> ListPage
+    {
         precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
         var request = Request(method: "GET", key: nil)
         request.query = [("limit", String(limit))]
         if !prefix.isEmpty { request.query.append(("prefix", prefix)) }
         if let delimiter { request.query.append(("delimiter", delimiter)) }
         if let marker { request.query.append(("marker", marker)) }
+        if let endMarker { request.query.append(("end_marker", endMarker)) }
         metrics.listings.add()
         let response = try send(request)
         let entries = response.status == 204 ? [] : try ListingParser.parse(response.body)
@@ -102,6 +109,10 @@ public final class HTTPObjectStore: ObjectStore {
         if let marker, let first = entries.first, !marker.utf8.lexicographicallyPrecedes(first.name.utf8) {
             throw ObjectStoreError(
                 .invalidResponse, "the server ignored the listing marker ('\(first.name)' after '\(marker)'); is it a Swift or CSSP endpoint?")
+        }
+        if let endMarker, let last = entries.last, !last.name.utf8.lexicographicallyPrecedes(endMarker.utf8) {
+            throw ObjectStoreError(
+                .invalidResponse, "the server ignored the listing end_marker ('\(last.name)' before '\(endMarker)'); is it a Swift or CSSP endpoint?")
         }
         let next = entries.count >= limit ? entries.last?.name : nil
         return ListPage(entries: entries, nextMarker: next)

@@ -137,6 +137,12 @@ public final class FakeObjectStore: ObjectStore {
     }
 
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        try list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: nil, limit: limit)
+    }
+
+    public func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+        throws(ObjectStoreError) -> ListPage
+    {
         // As the real client: the protocol allows at most 10 000 entries per request.
         precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
         let unlisted = self.unlisted.withLock { $0 }
@@ -148,6 +154,7 @@ public final class FakeObjectStore: ObjectStore {
             for key in Set(s.objects.keys).union(lingering.keys).sorted().map(\.string) {
                 guard key.utf8.starts(with: prefix.utf8), !unlisted.contains(key.exact) else { continue }
                 if let marker, !Self.byteOrder(marker, key) { continue }
+                if let endMarker, !Self.byteOrder(key, endMarker) { break }
                 let rest = Substring(key.utf8.dropFirst(prefix.utf8.count))
                 if let delimiter, let range = rest.firstRange(of: delimiter) {
                     let common = prefix + rest[..<range.upperBound]

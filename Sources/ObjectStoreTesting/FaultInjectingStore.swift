@@ -129,8 +129,14 @@ public final class FaultInjectingStore: ObjectStore {
     }
 
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        try list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: nil, limit: limit)
+    }
+
+    public func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+        throws(ObjectStoreError) -> ListPage
+    {
         try run(.list, prefix) { () throws(ObjectStoreError) in
-            try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit)
+            try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: endMarker, limit: limit)
         }
     }
 

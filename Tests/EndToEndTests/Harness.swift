@@ -69,13 +69,18 @@ struct Environment {
     /// Requests `method` of `key` in `container` that the proxy logged as started at or after
     /// `since` (Unix seconds): the server's own count, not the client's.
     func requests(_ method: String, container: String, key: String, since: Double) throws -> Int {
+        try requests(method, container: container, keys: [key], since: since)
+    }
+
+    /// `requests` of any of `keys` (the log read once).
+    func requests(_ method: String, container: String, keys: [String], since: Double) throws -> Int {
         guard let serverDirectory else { throw HarnessError("CSSP_SERVER_DIR is not set (scripts/test sets it)") }
         let log = try String(contentsOfFile: serverDirectory + "/log/proxy.log", encoding: .utf8)
         var count = 0
         // The path ends at a space, or at a query (logged quoted, as %3F).
-        let path = "/\(container)/\(key)"
+        let paths = keys.map { "/\(container)/\($0)" }
         for line in log.split(separator: "\n")
-        where line.contains(" \(method) ") && (line.contains(path + " ") || line.contains(path + "%3F")) {
+        where line.contains(" \(method) ") && paths.contains(where: { line.contains($0 + " ") || line.contains($0 + "%3F") }) {
             // The second-to-last and third-to-last fields are the request's start and end times.
             let fields = line.split(separator: " ")
             if fields.count > 3, let start = Double(fields[fields.count - 3]), start >= since { count += 1 }

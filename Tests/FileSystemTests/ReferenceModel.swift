@@ -280,13 +280,15 @@ final class ReferenceModelRun {
             configuration.writeBackDelay = seed % 5 == 1 ? 3600 : 0
         }
         // Half the runs list ahead under small bounds (issue 21): a window of 2 listings, and a
-        // whole subtree listed flat as soon as one subdirectory was read from a listing ahead,
-        // so that walks, listings ahead and flat walk listings meet every kind of change.
+        // whole subtree listed flat as soon as one subdirectory was read from a listing ahead
+        // (in 1 to 3 lanes), so that walks, listings ahead and flat walk listings meet every
+        // kind of change.
         if seed % 2 == 1 {
             configuration.listAheadWindow = 2
             configuration.walkListingAfter = 1
             configuration.walkListingMinimum = 1
             configuration.listPageSize = 3
+            configuration.walkLanes = 1 + Int(seed / 2 % 3)
         }
         // A third of the runs keep no listing and trust no attribute (dir_timeout=0,
         // attr_timeout=0); the rest use the defaults, whose remembered answers the rule governs.

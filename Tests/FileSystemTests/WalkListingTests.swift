@@ -12,9 +12,10 @@ struct WalkListingTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
 
-    func makeFilesystem(_ store: any ObjectStore, listAhead: Int = 8, pageSize: Int = 10_000) -> Filesystem {
+    func makeFilesystem(_ store: any ObjectStore, listAhead: Int = 8, pageSize: Int = 10_000, lanes: Int? = nil) -> Filesystem {
         var configuration = FilesystemConfiguration()
         configuration.listAhead = listAhead
+        if let lanes { configuration.walkLanes = lanes }
         configuration.listPageSize = pageSize
         configuration.metadataPrefetchLimit = 0
         configuration.spoolDirectory = TestScratch.directory + "cssp-walklisting-spool-" + UUID().uuidString
@@ -57,25 +58,33 @@ struct WalkListingTests {
         }
     }
 
+    /// Walks the tree in `fake` with listings ahead (and walk listings) and checks that it
+    /// shows exactly what a mount without any shows; returns that and the prefixes listed.
+    func walkAsWithoutListingsAhead(
+        _ fake: FakeObjectStore, pageSize: Int = 10_000, lanes: Int? = nil
+    ) throws -> (expected: [String], listed: [String]) {
+        let reference = makeFilesystem(fake, listAhead: 0)
+        defer { reference.shutdown() }
+        var expected: [String] = []
+        try walk(reference, root, "", into: &expected, settle: false)
+        let (store, lists) = recordingCalls(of: .list, in: fake)
+        let fs = makeFilesystem(store, pageSize: pageSize, lanes: lanes)
+        defer { fs.shutdown() }
+        var seen: [String] = []
+        try walk(fs, root, "", into: &seen, settle: true)
+        // (The same names; their order may differ, as it may between any two listings.)
+        #expect(seen.sorted() == expected.sorted())
+        return (expected, lists.withLock { $0 })
+    }
+
     /// The walk shows exactly what a mount without any listing ahead shows, with a few flat
     /// pages instead of a listing per directory; in pages of 7 keys too.
     @Test(arguments: [10_000, 7])
     func aWalkListingShowsWhatEachDirectorysListingShows(pageSize: Int) throws {
         let fake = FakeObjectStore()
         seedTree(fake)
-        let reference = makeFilesystem(fake, listAhead: 0)
-        defer { reference.shutdown() }
-        var expected: [String] = []
-        try walk(reference, root, "", into: &expected, settle: false)
-        let (store, lists) = recordingCalls(of: .list, in: fake)
-        let fs = makeFilesystem(store, pageSize: pageSize)
-        defer { fs.shutdown() }
-        var seen: [String] = []
-        try walk(fs, root, "", into: &seen, settle: true)
-        // (The same names; their order may differ, as it may between any two listings.)
-        #expect(seen.sorted() == expected.sorted())
+        let (expected, listed) = try walkAsWithoutListingsAhead(fake, pageSize: pageSize)
         #expect(expected.count > 2 * Self.directories)
-        let listed = lists.withLock { $0 }
         let perDirectory = listed.filter { $0.hasPrefix("t/d") }
         // The first directories of t/ are listed ahead one by one, then t/ is listed whole.
         #expect(listed.filter { $0 == "t/" }.count >= 2)
@@ -165,5 +174,24 @@ extension WalkListingTests {
         let perDirectory = recorded.filter { $0.0 == .list && $0.1.hasPrefix("t/") && $0.1 != "t/" }
         #expect(markerHeads.count <= 10, "\(markerHeads.count) markers HEADed one by one")
         #expect(perDirectory.count <= FilesystemConfiguration().listAheadWindow + 12, "\(perDirectory.count) directories listed one by one")
+    }
+
+    /// The walk listing runs in lanes, each a flat listing of a share of the subdirectories
+    /// (from a directory's marker to the next lane's first): the same walk as with one, in
+    /// one request a lane instead of one after another. Names that sort between a directory
+    /// and its keys (`d305.txt`, `e100-1`) meet the lanes' ends for some number of lanes.
+    @Test(arguments: [1, 2, 3, 4, 7])
+    func aWalkListingInLanesShowsWhatOneShows(lanes: Int) throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        for n in 1...120 {
+            fake.seed(String(format: "t/e%03d/a", n), text: "e")
+            fake.seed(String(format: "t/e%03d-1/a", n), text: "e-1")
+            fake.seed(String(format: "t/e%03d", n), text: "file beside")
+        }
+        let (_, listed) = try walkAsWithoutListingsAhead(fake, lanes: lanes)
+        // One delimiter listing of t/, then one flat request a lane (10 000 keys a page is more
+        // than any lane holds).
+        #expect(listed.filter { $0 == "t/" }.count == 1 + lanes)
     }
 }
