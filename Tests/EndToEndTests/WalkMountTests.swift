@@ -13,8 +13,8 @@ struct WalkMountTests {
 
     /// A tree of directories without markers (as other tools leave them), and rsync's view of it:
     /// the same names in a local directory.
-    static func seed(_ environment: Environment) throws -> (container: String, cache: String, source: String) {
-        let (container, store, cache) = try environment.newContainer("walks")
+    static func seed(_ environment: Environment) throws -> (container: String, source: String) {
+        let (container, store, _) = try environment.newContainer("walks")
         let source = TestScratch.directory + "cssp-e2e-walk-" + container
         for d in 0..<directories {
             let name = String(format: "d%03d", d)
@@ -22,7 +22,21 @@ struct WalkMountTests {
             try FileManager.default.createDirectory(atPath: source + "/" + name, withIntermediateDirectories: true)
             try Array(name.utf8).withUnsafeBytes { try Data($0).write(to: URL(fileURLWithPath: source + "/\(name)/f")) }
         }
-        return (container, cache, source)
+        return (container, source)
+    }
+
+    /// A mount of a new container seeded with the tree, and the tree's local copy (`cleanUp`
+    /// removes it and the mount's cache).
+    static func mountSeededTree(options: [String]) throws -> (Environment, String, Mount, String) {
+        let environment = try Environment.load()
+        let (container, source) = try seed(environment)
+        let mount = try Mount(environment, container: container, options: ["cache_dir=" + source + "-cache"] + options)
+        return (environment, container, mount, source)
+    }
+
+    static func cleanUp(_ source: String) {
+        try? FileManager.default.removeItem(atPath: source)
+        try? FileManager.default.removeItem(atPath: source + "-cache")
     }
 
     /// HEADs of the directories' markers (`t/dNNN/`) since `since`.
@@ -34,14 +48,9 @@ struct WalkMountTests {
     /// those lookups HEADed the directory's marker (120 HEADs, one after another); now the
     /// flat listing's pages answer them.
     @Test func rsyncOfATreeTakesTheMarkersFromTheWalkListing() throws {
-        let environment = try Environment.load()
-        let (container, cache, source) = try Self.seed(environment)
-        defer {
-            try? FileManager.default.removeItem(atPath: cache)
-            try? FileManager.default.removeItem(atPath: source)
-        }
         // (No background HEADs of the objects, which another tool wrote: only the lookups'.)
-        let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "meta_prefetch=0"])
+        let (environment, container, mount, source) = try Self.mountSeededTree(options: ["meta_prefetch=0"])
+        defer { Self.cleanUp(source) }
         let since = Date().timeIntervalSince1970
         let dryRun = try shell("rsync -rn --size-only --out-format='%n' \(quoted(source + "/")) \(quoted(mount.path("t/")))")
         #expect(dryRun.status == 0, "\(dryRun.stderr)")
@@ -56,13 +65,8 @@ struct WalkMountTests {
     /// `find` reads every directory: the lanes' pages fill them, with what each directory's
     /// own listing shows.
     @Test func findOfATreeListsItInLanes() throws {
-        let environment = try Environment.load()
-        let (container, cache, source) = try Self.seed(environment)
-        defer {
-            try? FileManager.default.removeItem(atPath: cache)
-            try? FileManager.default.removeItem(atPath: source)
-        }
-        let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache, "meta_prefetch=0", "poll_s=0"])
+        let (environment, _, mount, source) = try Self.mountSeededTree(options: ["meta_prefetch=0", "poll_s=0"])
+        defer { Self.cleanUp(source) }
         let since = Date().timeIntervalSince1970
         let found = try shell("cd \(quoted(mount.path("t"))) && find . | sort")
         let expected = try shell("cd \(quoted(source)) && find . | sort")
