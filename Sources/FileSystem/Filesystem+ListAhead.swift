@@ -132,12 +132,22 @@ extension Filesystem {
         }
     }
 
-    /// Queues the listings of the subdirectories among `entries` (a listing just read from the
-    /// server), oldest first, and starts workers up to `listAhead`.
-    func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>) {
+    /// Queues the listings of the subdirectories among `entries` (a listing of `parent` just
+    /// read from the server), oldest first, and starts workers up to `listAhead`. Not those whose
+    /// own listing is remembered and fresh: a walk went through them already (the parent's
+    /// listing, made again once its own expired, queued every one of them again).
+    func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
         let width = configuration.listAhead
         guard width > 0, configuration.directoryCacheSeconds > 0 else { return }
-        let directories = entries.lazy.filter { $0.kind == .directory }
+        let listed = entries.lazy.filter { $0.kind == .directory }
+        guard !listed.isEmpty else { return }
+        let now = self.now()
+        let directories: [DirectoryEntry] = state.withLock { s in
+            listed.filter { directory in
+                guard let node = s.inodes.child(parent, directory.name), node.kind == .directory else { return true }
+                return s.directories.listing(node.inode, now: now, maximumAge: configuration.directoryCacheSeconds) == nil
+            }
+        }
         guard !directories.isEmpty else { return }
         let start: Int = listingsAhead.withLock { a in
             guard !a.stopped else { return 0 }

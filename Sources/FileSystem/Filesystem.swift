@@ -451,7 +451,7 @@ public final class Filesystem: Sendable {
         let inode = directory.inode
         if let reader = readerFromListingAhead(directory, dropQueued: false), let entries = reader.completeEntries() {
             let table = remember(reader, entries, for: inode)
-            listAhead(subdirectoriesOf: entries)
+            listAhead(subdirectoriesOf: entries, in: inode)
             return (table, reader.askedAt, reader.startedAt)
         }
         let now = self.now()
@@ -488,7 +488,7 @@ public final class Filesystem: Sendable {
             guard let entries = try readWhole(reader, limit: Self.lookupListingLimit) else { return nil }
             // Changes made since the reader started are in the table (DirectoryCache rule 2).
             let table = remember(reader, entries, for: inode)
-            listAhead(subdirectoriesOf: entries)
+            listAhead(subdirectoriesOf: entries, in: inode)
             return (table, reader.askedAt, reader.startedAt)
         }
     }
@@ -891,7 +891,7 @@ public final class Filesystem: Sendable {
             defer {
                 if !reader.isRemembered {
                     prefetchMetadata(of: entries, in: inode)
-                    listAhead(subdirectoriesOf: entries)
+                    listAhead(subdirectoriesOf: entries, in: inode)
                 }
             }
             let listed = reader.isRemembered ? nil : EntryTable(entries)
