@@ -307,9 +307,10 @@ public final class Filesystem: Sendable {
             }
         } catch where error.code == .notFound {
             // A directory the store no longer shows is there while a file below it is being
-            // written (`holdsFileBeingWritten`).
+            // written (`directoriesHoldingFilesBeingWritten`).
             let kept: Attributes? = state.withLock { s in
-                guard let node = s.inodes.child(parent, name), node.kind == .directory, holdsFileBeingWritten(node.inode, in: s)
+                guard let node = s.inodes.child(parent, name), node.kind == .directory,
+                    directoriesHoldingFilesBeingWritten(in: s).contains(node.inode)
                 else { return nil }
                 s.inodes.countLookup(node.inode)
                 return attributes(of: node)
@@ -320,19 +321,19 @@ public final class Filesystem: Sendable {
         preconditionFailure("INTERNAL ERROR: the last lookup attempt returns or throws")
     }
 
-    /// Whether a file being written (open, or its upload pending) lies below `directory` under
+    /// The directories a file being written (open, or its upload pending) lies below, under
     /// names that lead to it. Such a directory is there whatever a listing says (another client
     /// removed every other key below it): a listing that lacks it keeps it, lookups find it and
     /// readdir shows it, as it does the file (its upload makes the directory again).
-    func holdsFileBeingWritten(_ directory: InodeNumber, in s: State) -> Bool {
+    func directoriesHoldingFilesBeingWritten(in s: State) -> Set<InodeNumber> {
+        var holding = Set<InodeNumber>()
         for open in s.openFiles.keys {
             var current = s.inodes[open]
-            while let node = current, node.linked, node.inode != Self.rootInode {
-                if node.parent == directory { return true }
+            while let node = current, node.linked, node.inode != Self.rootInode, holding.insert(node.parent).inserted {
                 current = s.inodes[node.parent]
             }
         }
-        return false
+        return holding
     }
 
     static let lookupAttempts = 3
@@ -540,8 +541,9 @@ public final class Filesystem: Sendable {
         guard remembered else { return table }
         // Names the server no longer lists are gone (another client removed them), unless
         // they hold bytes not stored yet (a directory: below it).
-        for (name, child) in s.inodes.children(of: inode) where table[name] == nil && s.openFiles[child] == nil {
-            if s.inodes[child]?.kind == .directory && holdsFileBeingWritten(child, in: s) { continue }
+        let holding = directoriesHoldingFilesBeingWritten(in: s)
+        for (name, child) in s.inodes.children(of: inode)
+        where table[name] == nil && s.openFiles[child] == nil && !holding.contains(child) {
             s.inodes.unhook(parent: inode, name: name.string)
         }
         s.sweep()
@@ -918,10 +920,9 @@ public final class Filesystem: Sendable {
                 // (Open files first: a directory of 200 000 names has as many children to look up.)
                 let children = s.openFiles.isEmpty ? [] : s.inodes.children(of: inode)
                 let open = children.filter { s.openFiles[$0.inode] != nil && lacks($0.name) }
+                let writing = children.isEmpty ? [] : directoriesHoldingFilesBeingWritten(in: s)
                 let holding = children.compactMap { child -> DirectoryEntry? in
-                    guard let node = s.inodes[child.inode], node.kind == .directory, lacks(child.name),
-                        holdsFileBeingWritten(node.inode, in: s)
-                    else { return nil }
+                    guard writing.contains(child.inode), lacks(child.name), let node = s.inodes[child.inode] else { return nil }
                     return DirectoryBuilder.directory(child.name.string, key: node.key)
                 }
                 return recorded.map { .listed($0) } + holding.map { .listed($0) }
