@@ -84,6 +84,13 @@ extension Filesystem {
             }
         }
 
+        /// Forgets `key`'s slot; once none is left, the table's room too (a walk of thousands of
+        /// directories grew it, and a dictionary keeps its room when emptied).
+        mutating func clear(_ key: ExactString) {
+            slots[key] = nil
+            if slots.isEmpty { slots = [:] }
+        }
+
         /// Keeps a fetched listing of `key` until a readdir uses it.
         mutating func keep(_ key: ExactString, _ listing: AheadListing) {
             slots[key] = .done(listing)
@@ -94,7 +101,7 @@ extension Filesystem {
         /// Takes the fetched listing of `key` that started at `startedAt` out, if it is still there.
         mutating func take(_ key: ExactString, startedAt: Double) -> Bool {
             guard case .done(let listing)? = slots[key], listing.startedAt == startedAt else { return false }
-            slots[key] = nil
+            clear(key)
             held -= 1
             heldEntries -= listing.entries.count
             return true
@@ -199,7 +206,7 @@ extension Filesystem {
                 if let listing {
                     a.keep(key, listing)
                 } else {
-                    a.slots[key] = nil
+                    a.clear(key)
                     a.held -= 1
                 }
             }
@@ -264,7 +271,7 @@ extension Filesystem {
         case .queued:
             let now = self.now()
             let (start, lanes): (Int, [WalkListing]) = listingsAhead.withLock { a in
-                if dropQueued, case .queued? = a.slots[key] { a.slots[key] = nil }
+                if dropQueued, case .queued? = a.slots[key] { a.clear(key) }
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
                 if a.held >= configuration.listAheadWindow { a.makeRoom() }
                 return a.stopped ? (0, []) : (a.startable(width: configuration.listAhead), resumableWalk(&a))

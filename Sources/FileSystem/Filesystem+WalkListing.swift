@@ -171,7 +171,7 @@ extension Filesystem {
         }
         guard handed.count >= configuration.walkListingMinimum else { return [] }
         var batch = a.batches.remove(at: index)
-        for directory in handed { a.slots[directory.key.exact] = nil }
+        for directory in handed { a.clear(directory.key.exact) }
         a.waiting -= waiting.count - before.count
         if !before.isEmpty {
             batch = (Array(before), 0)

@@ -195,6 +195,12 @@ public final class Filesystem: Sendable {
         registry.gauge("cssp_remembered_names", help: "Names in the directory listings the mount remembers.") {
             Double(state.withLock { $0.directories.rememberedNames })
         }
+        let listingsAhead = self.listingsAhead
+        registry.gauge(
+            "cssp_names_listed_ahead", help: "Names in the listings fetched ahead of the readers and not read yet.")
+        {
+            Double(listingsAhead.withLock { $0.heldEntries })
+        }
         registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
         registry.gauge("cssp_upload_bytes_done", help: "Bytes sent of the uploads in progress.") {
             Double(transfers.running.reduce(0) { $0 + $1.done })

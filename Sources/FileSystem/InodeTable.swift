@@ -452,35 +452,53 @@ struct InodeTable {
 /// rest are kept whole, boxed. A node reads back exactly as it was stored.
 struct NodeStore: Sequence {
     static let chunkSize = 1024
-    private var chunks: [[Slot]] = []
+    private var chunks: [[ThinNode]] = []
+    /// The nodes not kept thin, by slot (their slot says `ThinNode.whole`).
+    private var wholes: [Int32: Node] = [:]
     private var used = 0
     private var index = SlotIndex()
     private var free: [Int32] = []
     /// The keys of thin nodes whose key is not made from their directory's, by slot.
     private var keys: [Int32: String] = [:]
-    /// Base content types of thin nodes, numbered (a mount sees a few; past 65 536 of them,
-    /// nodes of a new one are kept whole). Kept for the mount's life.
-    private var contentTypes = NumberedStrings()
+    /// The styles of thin nodes (a mount sees a few; past 65 536 of them, nodes
+    /// of a new one are kept whole). Kept for the mount's life.
+    private var styles = NumberedStyles(limit: 1 << 16)
 
+    /// A slot as read: its node thin or whole. (Not stored as such: an enum's tag would make a
+    /// slot 88 bytes, not 80.)
     private enum Slot {
         case empty
         case thin(ThinNode)
-        case whole(Box)
-    }
-
-    private final class Box {
-        let node: Node
-        init(_ node: Node) { self.node = node }
+        case whole(Node)
     }
 
     var count: Int { index.count }
 
-    private func slot(_ number: Int32) -> Slot { chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize] }
+    /// Bytes a node takes in its chunk (for tests: thin nodes are what most entries cost).
+    static var slotBytes: Int { MemoryLayout<ThinNode>.stride }
+
+    /// The nodes kept thin (for tests; walks every slot).
+    var thinCount: Int {
+        index.reduce(0) { count, entry in
+            if case .thin = slot(entry.1) { return count + 1 }
+            return count
+        }
+    }
+
+    private func slot(_ number: Int32) -> Slot {
+        let thin = chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize]
+        if thin.isEmpty { return .empty }
+        if thin.isWhole {
+            guard let node = wholes[number] else { preconditionFailure("INTERNAL ERROR: slot \(number) lost its whole node") }
+            return .whole(node)
+        }
+        return .thin(thin)
+    }
 
     private func node(at number: Int32, inode: InodeNumber) -> Node? {
         switch slot(number) {
         case .empty: return nil
-        case .whole(let box): return box.node
+        case .whole(let node): return node
         case .thin(let thin):
             var key = keys[number] ?? ""
             if thin.keyIsDerived {
@@ -490,7 +508,7 @@ struct NodeStore: Sequence {
                 }
                 key = parentKey + thin.name
             }
-            return thin.node(inode: inode, key: key, baseContentType: contentTypes[thin.contentType])
+            return thin.node(inode: inode, key: key, style: styles[thin.style])
         }
     }
 
@@ -499,7 +517,7 @@ struct NodeStore: Sequence {
         guard let number = index[inode] else { return nil }
         switch slot(number) {
         case .empty: return nil
-        case .whole(let box): return box.node.name
+        case .whole(let node): return node.name
         case .thin(let thin): return thin.name
         }
     }
@@ -509,16 +527,17 @@ struct NodeStore: Sequence {
         guard let number = index[inode] else { return nil }
         switch slot(number) {
         case .empty: return nil
-        case .whole(let box): return box.node.key
+        case .whole(let node): return node.key
         case .thin(let thin): return thin.keyIsDerived ? nil : keys[number] ?? ""
         }
     }
 
     private mutating func set(_ number: Int32, _ node: Node?, inode: InodeNumber) {
-        var value = Slot.empty
+        var value = ThinNode.empty
         keys[number] = nil
+        wholes[number] = nil
         if let node {
-            if let type = contentTypes.number(node.baseContentType), var thin = ThinNode(node, contentType: type) {
+            if var thin = ThinNode(node, style: { styles.number($0) }) {
                 // A linked file's key below its directory's is made again when read; an unlinked
                 // node's parent may go, so its key is kept.
                 if node.kind != .directory, node.linked, inode != node.parent, let parentKey = storedKey(of: node.parent),
@@ -529,9 +548,10 @@ struct NodeStore: Sequence {
                 } else {
                     keys[number] = node.key
                 }
-                value = .thin(thin)
+                value = thin
             } else {
-                value = .whole(Box(node))
+                value = .whole
+                wholes[number] = node
             }
         }
         chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize] = value
@@ -552,7 +572,7 @@ struct NodeStore: Sequence {
                     number = reused
                 } else {
                     if used == chunks.count * Self.chunkSize {
-                        chunks.append(Array(repeating: .empty, count: Self.chunkSize))
+                        chunks.append(Array(repeating: ThinNode.empty, count: Self.chunkSize))
                     }
                     number = Int32(used)
                     used += 1
@@ -574,82 +594,111 @@ struct NodeStore: Sequence {
 }
 
 
-/// A `Node` as `NodeStore` keeps most: without its inode (the store's index has it) and its key
-/// (the store keeps it aside, or makes it from the directory's: `keyIsDerived`), its rare fields
-/// (none set), an MD5 ETag as two words, times in nanoseconds, the base content type as a number,
+/// A `Node` as `NodeStore` keeps most, in 80 bytes (a `Node` is about 216): without its inode
+/// (the store's index has it) and its key (the store keeps it aside, or makes it from the
+/// directory's: `keyIsDerived`), its rare fields (none set), an MD5 ETag as two words, times in
+/// nanoseconds, its content type, mode and owners as a style number, its parent, `describedAsOf`,
+/// lookups and pins when they fit their narrower fields (else the node is kept whole), and
 /// `metadataKnownAt` as a flag (0, or when size and ETag were confirmed: a HEAD sets both).
 private struct ThinNode {
-    var parent: InodeNumber
+    private var parentNumber: UInt32
+    private var described: UInt32
     var name: String
     var size: Int64
     var etag: (UInt64, UInt64)
     var lastModified: Int64
     var mtime: Int64
     var confirmedAt: Double
-    var describedAsOf: UInt64
-    var uid: UInt32
-    var gid: UInt32
-    var lookups: UInt32
-    var mode: UInt16
-    var contentType: UInt16
+    var style: UInt32
+    private var lookupCount: UInt16
     private var flags: UInt16
-    var pins: UInt8
 
     private enum Flag {
         static let kind: UInt16 = 0x07
         static let hasEtag: UInt16 = 1 << 3
-        static let hasMode: UInt16 = 1 << 4
-        static let hasUid: UInt16 = 1 << 5
-        static let hasGid: UInt16 = 1 << 6
-        static let hasMtime: UInt16 = 1 << 7
-        static let attributesOwed: UInt16 = 1 << 8
-        static let linked: UInt16 = 1 << 9
-        static let keyIsDerived: UInt16 = 1 << 10
+        static let hasMtime: UInt16 = 1 << 4
+        static let attributesOwed: UInt16 = 1 << 5
+        static let linked: UInt16 = 1 << 6
+        static let keyIsDerived: UInt16 = 1 << 7
         /// `metadataKnownAt` is `confirmedAt` (else 0; a node with another is kept whole).
-        static let metadataKnown: UInt16 = 1 << 11
+        static let metadataKnown: UInt16 = 1 << 8
+        /// The pins, 0 to 15.
+        static let pinShift: UInt16 = 12
     }
 
     private static let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket]
+    /// Kinds of slots that hold no thin node (see `NodeStore`).
+    private static let emptyMarker: UInt16 = 6
+    private static let wholeMarker: UInt16 = 7
 
+    /// An empty slot; a slot whose node `NodeStore` keeps whole.
+    static let empty = ThinNode(marker: emptyMarker)
+    static let whole = ThinNode(marker: wholeMarker)
+
+    private init(marker: UInt16) {
+        parentNumber = 0
+        described = 0
+        name = ""
+        size = 0
+        etag = (0, 0)
+        lastModified = 0
+        mtime = 0
+        confirmedAt = 0
+        style = 0
+        lookupCount = 0
+        flags = marker
+    }
+
+    var isEmpty: Bool { flags & Flag.kind == Self.emptyMarker }
+    var isWhole: Bool { flags & Flag.kind == Self.wholeMarker }
+
+    var parent: InodeNumber { InodeNumber(parentNumber) }
+    var describedAsOf: UInt64 { UInt64(described) }
+    var lookups: UInt64 { UInt64(lookupCount) }
+    var pins: Int32 { Int32(flags >> Flag.pinShift) }
     var keyIsDerived: Bool {
         get { flags & Flag.keyIsDerived != 0 }
         set { flags = newValue ? flags | Flag.keyIsDerived : flags & ~Flag.keyIsDerived }
     }
 
-    /// nil when `node` has something a thin node cannot hold.
-    init?(_ node: Node, contentType: UInt16) {
-        guard let thin = node.thin(contentType: contentType) else { return nil }
-        self = thin
-    }
-
-    fileprivate init(
-        parent: InodeNumber, name: String, size: Int64, etag: (UInt64, UInt64)?, lastModified: Int64,
-        stored: StoredAttributes, mtime: Int64, confirmedAt: Double, metadataKnownAt: Double, describedAsOf: UInt64,
-        lookups: UInt32, pins: UInt8, contentType: UInt16, kind: NodeKind, attributesOwed: Bool, linked: Bool
-    ) {
-        self.parent = parent
-        self.name = name
-        self.size = size
-        self.etag = etag ?? (0, 0)
-        self.lastModified = lastModified
+    /// nil when `node` has something a thin node cannot hold; `style` numbers the node's style.
+    init?(_ node: Node, style: (NodeStyle) -> UInt32?) {
+        guard node.rareFieldsUnset, let modified = PackedEntries.nanoseconds(node.lastModified),
+            let parent = UInt32(exactly: node.parent), let described = UInt32(exactly: node.describedAsOf),
+            let lookups = UInt16(exactly: node.lookups), node.pins >= 0, node.pins < 1 << (16 - Flag.pinShift),
+            node.metadataKnownAt == 0 || node.metadataKnownAt == node.confirmedAt
+        else { return nil }
+        var mtime: Int64 = 0
+        if let stamp = node.stored.mtime {
+            guard let nanoseconds = PackedEntries.nanoseconds(stamp) else { return nil }
+            mtime = nanoseconds
+        }
+        var digest: (UInt64, UInt64)? = nil
+        switch node.packedEtagValue {
+        case .md5(let high, let low): digest = (high, low)
+        case .other(let text): if !text.isEmpty { return nil }
+        }
+        let stored = node.stored
+        guard
+            let number = style(
+                NodeStyle(baseContentType: node.baseContentType.exact, mode: stored.mode, uid: stored.uid, gid: stored.gid))
+        else { return nil }
+        parentNumber = parent
+        self.described = described
+        name = node.name
+        size = node.size
+        etag = digest ?? (0, 0)
+        lastModified = modified
         self.mtime = mtime
-        self.confirmedAt = confirmedAt
-        self.describedAsOf = describedAsOf
-        uid = stored.uid ?? 0
-        gid = stored.gid ?? 0
-        self.lookups = lookups
-        mode = stored.mode ?? 0
-        self.contentType = contentType
-        self.pins = pins
-        flags = UInt16(Self.kinds.firstIndex(of: kind)!)
-        if etag != nil { flags |= Flag.hasEtag }
-        if stored.mode != nil { flags |= Flag.hasMode }
-        if stored.uid != nil { flags |= Flag.hasUid }
-        if stored.gid != nil { flags |= Flag.hasGid }
+        confirmedAt = node.confirmedAt
+        self.style = number
+        lookupCount = lookups
+        flags = UInt16(Self.kinds.firstIndex(of: node.kind)!) | UInt16(node.pins) << Flag.pinShift
+        if digest != nil { flags |= Flag.hasEtag }
         if stored.mtime != nil { flags |= Flag.hasMtime }
-        if attributesOwed { flags |= Flag.attributesOwed }
-        if linked { flags |= Flag.linked }
-        if metadataKnownAt != 0 { flags |= Flag.metadataKnown }
+        if node.attributesOwed { flags |= Flag.attributesOwed }
+        if node.linked { flags |= Flag.linked }
+        if node.metadataKnownAt != 0 { flags |= Flag.metadataKnown }
     }
 
     var kind: NodeKind { Self.kinds[Int(flags & Flag.kind)] }
@@ -658,53 +707,26 @@ private struct ThinNode {
     var linked: Bool { flags & Flag.linked != 0 }
     var metadataKnownAt: Double { flags & Flag.metadataKnown != 0 ? confirmedAt : 0 }
 
-    var stored: StoredAttributes {
-        StoredAttributes(
-            mode: flags & Flag.hasMode != 0 ? mode : nil, uid: flags & Flag.hasUid != 0 ? uid : nil,
-            gid: flags & Flag.hasGid != 0 ? gid : nil,
-            mtime: flags & Flag.hasMtime != 0 ? PackedEntries.timestamp(mtime) : nil)
-    }
-}
-
-extension Node {
-    /// This node as a thin one, if it is like most (see `ThinNode`), without its key.
-    fileprivate func thin(contentType: UInt16) -> ThinNode? {
-        guard rare == nil, let modified = PackedEntries.nanoseconds(lastModified), lookups <= UInt64(UInt32.max),
-            pins >= 0, pins <= Int32(UInt8.max), metadataKnownAt == 0 || metadataKnownAt == confirmedAt
-        else { return nil }
-        var mtime: Int64 = 0
-        if let stamp = stored.mtime {
-            guard let nanoseconds = PackedEntries.nanoseconds(stamp) else { return nil }
-            mtime = nanoseconds
-        }
-        var digest: (UInt64, UInt64)? = nil
-        switch packedEtag {
-        case .md5(let high, let low): digest = (high, low)
-        case .other(let text): if !text.isEmpty { return nil }
-        }
-        return ThinNode(
-            parent: parent, name: name, size: size, etag: digest, lastModified: modified, stored: stored,
-            mtime: mtime, confirmedAt: confirmedAt, metadataKnownAt: metadataKnownAt, describedAsOf: describedAsOf,
-            lookups: UInt32(lookups), pins: UInt8(pins), contentType: contentType, kind: kind,
-            attributesOwed: attributesOwed, linked: linked)
-    }
-}
-
-extension ThinNode {
     /// The whole node again.
-    func node(inode: InodeNumber, key: String, baseContentType: String) -> Node {
+    func node(inode: InodeNumber, key: String, style: NodeStyle) -> Node {
         var node = Node(
             inode: inode, parent: parent, name: name, kind: kind, key: key, size: size,
             lastModified: PackedEntries.timestamp(lastModified))
+        let stored = StoredAttributes(
+            mode: style.mode, uid: style.uid, gid: style.gid,
+            mtime: flags & Flag.hasMtime != 0 ? PackedEntries.timestamp(mtime) : nil)
         node.restore(
-            etag: hasEtag ? .md5(etag.0, etag.1) : .other(""), stored: stored, baseContentType: baseContentType,
+            etag: hasEtag ? .md5(etag.0, etag.1) : .other(""), stored: stored, baseContentType: style.baseContentType.string,
             confirmedAt: confirmedAt, metadataKnownAt: metadataKnownAt, describedAsOf: describedAsOf,
-            lookups: UInt64(lookups), pins: Int32(pins), attributesOwed: attributesOwed, linked: linked)
+            lookups: lookups, pins: pins, attributesOwed: attributesOwed, linked: linked)
         return node
     }
 }
 
 extension Node {
+    fileprivate var rareFieldsUnset: Bool { rare == nil }
+    fileprivate var packedEtagValue: PackedETag { packedEtag }
+
     fileprivate mutating func restore(
         etag: PackedETag, stored: StoredAttributes, baseContentType: String, confirmedAt: Double,
         metadataKnownAt: Double, describedAsOf: UInt64, lookups: UInt64, pins: Int32, attributesOwed: Bool, linked: Bool
@@ -726,7 +748,10 @@ extension Node {
 /// to: open addressing with linear probing, 8 bytes a slot (the inode number, the top byte a
 /// tag from the name's hash), the names read from the nodes (`NodeStore.name(of:)`). As a
 /// `[ExactString: InodeNumber]` a directory of 200 000 names took 12.6 MiB, and 19 MiB while it
-/// grew (24 bytes a slot, its last doubling at 196 608 names; heaptrack); this takes 4 MiB.
+/// grew (24 bytes a slot, its last doubling at 196 608 names; heaptrack); this takes 2 MiB.
+/// Tables are up to seven eighths full (9 to 18 bytes a name, 12 on average; at three quarters
+/// 11 to 21, 15): a probe is one word, compared by its tag, and the probes of a lookup are
+/// neighbours in memory, so a long run costs little.
 /// A node must be in the store while its name is in a table, and keep that name (InodeTable
 /// takes it out first when it moves or goes).
 struct ChildIndex {
@@ -785,7 +810,7 @@ struct ChildIndex {
     mutating func set(_ parent: InodeNumber, _ name: String, _ inode: InodeNumber, in nodes: NodeStore) {
         precondition(inode > 0 && inode <= Self.inodeBits, "INTERNAL ERROR: inode \(inode) out of range")
         var table = tables.removeValue(forKey: parent) ?? Table(capacity: 8)
-        if (table.count + 1) * 4 > table.slots.count * 3 { table = Self.grown(table, nodes: nodes) }
+        if (table.count + 1) * 8 > table.slots.count * 7 { table = Self.grown(table, nodes: nodes) }
         let hash = Self.hash(name)
         let (index, found) = Self.find(name, hash: hash, in: table, nodes: nodes)
         if !found { table.count += 1 }
@@ -840,22 +865,26 @@ struct ChildIndex {
     }
 }
 
-/// Inode numbers to node slots (`NodeStore`): open addressing with linear probing, 12 bytes a
-/// slot, up to 80 % full. As a dictionary, 200 000 nodes took 6.3 MiB and 9.4 MiB while it grew
-/// (its last doubling at 196 608); this takes 3 MiB.
+/// Inode numbers to node slots (`NodeStore`): open addressing with linear probing, 8 bytes a
+/// slot (the number as 32 bits), up to 80 % full. As a dictionary, 200 000 nodes took 6.3 MiB
+/// and 9.4 MiB while it grew (its last doubling at 196 608); this takes 2 MiB. Numbers past
+/// 32 bits (a mount hands out four billion first) are kept in a dictionary beside it.
 struct SlotIndex: Sequence {
     /// 0: empty.
-    private var keys: [InodeNumber] = []
+    private var keys: [UInt32] = []
     private var values: [Int32] = []
-    private(set) var count = 0
+    private var narrowCount = 0
+    private var wide: [InodeNumber: Int32] = [:]
 
-    private func home(_ inode: InodeNumber) -> Int {
+    var count: Int { narrowCount + wide.count }
+
+    private func home(_ inode: UInt32) -> Int {
         // Times an odd number: on the low bits a permutation, so a run of consecutive numbers
         // (inodes are handed out in order) never collides, and spread out.
-        Int(truncatingIfNeeded: inode &* 0x9E37_79B9_7F4A_7C15) & (keys.count - 1)
+        Int(truncatingIfNeeded: UInt64(inode) &* 0x9E37_79B9_7F4A_7C15) & (keys.count - 1)
     }
 
-    private func find(_ inode: InodeNumber) -> (index: Int, found: Bool) {
+    private func find(_ inode: UInt32) -> (index: Int, found: Bool) {
         let mask = keys.count - 1
         var index = home(inode)
         while true {
@@ -867,22 +896,27 @@ struct SlotIndex: Sequence {
 
     subscript(inode: InodeNumber) -> Int32? {
         get {
-            guard count > 0 else { return nil }
+            guard let inode = UInt32(exactly: inode) else { return wide[inode] }
+            guard narrowCount > 0 else { return nil }
             let (index, found) = find(inode)
             return found ? values[index] : nil
         }
         set {
             precondition(inode != 0, "INTERNAL ERROR: inode 0 in the slot index")
+            guard let narrow = UInt32(exactly: inode) else {
+                wide[inode] = newValue
+                return
+            }
             if let newValue {
-                if keys.isEmpty || (count + 1) * 5 > keys.count * 4 { grow() }
-                let (index, found) = find(inode)
+                if keys.isEmpty || (narrowCount + 1) * 5 > keys.count * 4 { grow() }
+                let (index, found) = find(narrow)
                 if !found {
-                    keys[index] = inode
-                    count += 1
+                    keys[index] = narrow
+                    narrowCount += 1
                 }
                 values[index] = newValue
-            } else if count > 0 {
-                var (index, found) = find(inode)
+            } else if narrowCount > 0 {
+                var (index, found) = find(narrow)
                 guard found else { return }
                 // Backward shift: a key further on whose probe passed this slot moves into it.
                 let mask = keys.count - 1
@@ -898,7 +932,7 @@ struct SlotIndex: Sequence {
                     }
                 }
                 keys[index] = 0
-                count -= 1
+                narrowCount -= 1
             }
         }
     }
@@ -917,12 +951,13 @@ struct SlotIndex: Sequence {
     func makeIterator() -> AnyIterator<(InodeNumber, Int32)> {
         var position = 0
         let (keys, values) = (self.keys, self.values)
+        var wide = self.wide.makeIterator()
         return AnyIterator {
             while position < keys.count {
                 defer { position += 1 }
-                if keys[position] != 0 { return (keys[position], values[position]) }
+                if keys[position] != 0 { return (InodeNumber(keys[position]), values[position]) }
             }
-            return nil
+            return wide.next().map { ($0.key, $0.value) }
         }
     }
 }

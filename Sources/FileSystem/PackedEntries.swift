@@ -6,9 +6,10 @@ import ObjectStore
 /// 1. The names are the bytes of one array; the key is not stored when it is the directory's
 ///    prefix and the name (a file) or the name and "/" (a directory), as almost every key is.
 /// 2. An ETag of 32 lower-case hex digits (an MD5) is 16 bytes.
-/// 3. A content type is split as `StoredAttributes.parse` splits it: the base is one of a few
-///    (a table per collection), csspfs's attribute parameters are numbers. Only when the
-///    content type made back from them is byte for byte the one listed; else it is kept whole.
+/// 3. A content type is split as `StoredAttributes.parse` splits it: its base, mode and owners
+///    are a style, one of a few (a table per collection, two bytes an entry, none while all
+///    entries have the first), its mtime a number. Only when the content type made back from
+///    them is byte for byte the one listed; else it is kept whole.
 /// 4. Times are nanoseconds since the epoch in an Int64 (years 1678 to 2262; others kept whole).
 /// 5. Sizes are 4 bytes until one needs 8, and the attribute columns take no room until an entry
 ///    has attributes (a listing of other tools' objects has none).
@@ -29,13 +30,12 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     private var modified: [Int64] = []
     /// Two words an MD5.
     private var digests: [UInt64] = []
-    private var types: [UInt16] = []
-    /// `cssp-` parameters: mode (with `Flag.hasMode`), uid, gid (their flags), mtime in ns;
-    /// empty until an entry has one (then one each for every entry).
-    private var modes: [UInt16] = []
-    private var owners: [UInt64] = []
+    /// Each entry's style number (base content type, mode, owners); empty while every entry has
+    /// style 0.
+    private var styleNumbers: [UInt16] = []
+    private var styles = NumberedStyles(limit: Int(UInt16.max) + 1)
+    /// The `cssp-mtime` parameter in ns (with `Flag.hasMtime`); empty until an entry has one.
     private var mtimes: [Int64] = []
-    private var baseTypes = NumberedStrings()
     /// Entries with something that did not pack, by position.
     private var exceptions: [Int32: Exception] = [:]
 
@@ -50,13 +50,8 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         static let kind: UInt8 = 0x07
         static let exception: UInt8 = 0x08
         static let noEtag: UInt8 = 0x10
-        static let hasMode: UInt8 = 0x20
-        static let hasUid: UInt8 = 0x40
-        static let hasGid: UInt8 = 0x80
+        static let hasMtime: UInt8 = 0x20
     }
-
-    /// Other content types' parameters: mtime present (a high bit of the owner word is free).
-    private static let hasMtime: UInt64 = 1 << 63
 
     init(prefix: String) { self.prefix = prefix }
 
@@ -71,8 +66,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     /// Bytes held (the arrays' contents, not their spare capacity), for tests and --stats.
     var bytes: Int {
         names.count + ends.count * 4 + flags.count + sizes.count * 4 + (wideSizes?.count ?? 0) * 8 + modified.count * 8
-            + digests.count * 8
-            + types.count * 2 + modes.count * 2 + owners.count * 8 + mtimes.count * 8 + exceptions.count * 64
+            + digests.count * 8 + styleNumbers.count * 2 + mtimes.count * 8 + exceptions.count * 64
     }
 
     subscript(position: Int) -> DirectoryEntry {
@@ -88,15 +82,13 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         var contentType = exception?.contentType
         var parsed: (base: String, attributes: StoredAttributes)? = nil
         if contentType == nil {
-            let base = baseTypes[types[position]]
-            if flag & (Flag.hasMode | Flag.hasUid | Flag.hasGid) == 0 && owner(position) & Self.hasMtime == 0 {
-                contentType = base
-                parsed = (base, StoredAttributes())
-            } else {
-                let attributes = attributes(position, flag)
-                contentType = attributes.contentType(base: base)
-                parsed = (base, attributes)
-            }
+            let style = styles[UInt32(styleNumbers.isEmpty ? 0 : styleNumbers[position])]
+            let base = style.baseContentType.string
+            let attributes = StoredAttributes(
+                mode: style.mode, uid: style.uid, gid: style.gid,
+                mtime: flag & Flag.hasMtime != 0 ? Self.timestamp(mtimes[position]) : nil)
+            contentType = attributes == StoredAttributes() ? base : attributes.contentType(base: base)
+            parsed = (base, attributes)
         }
         return DirectoryEntry(
             name: name, kind: kind, key: key, size: size(position), etag: etag, lastModified: lastModified,
@@ -120,10 +112,9 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         }
         exact(&modified)
         exact(&digests)
-        exact(&types)
-        exact(&modes)
-        exact(&owners)
+        exact(&styleNumbers)
         exact(&mtimes)
+        styles.forgetNumbers()
     }
 
     mutating func append(contentsOf entries: some Sequence<DirectoryEntry>) {
@@ -162,21 +153,16 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         let mtime = attributes.mtime.flatMap(Self.nanoseconds)
         let rebuilt = plain ? base : attributes.contentType(base: base)
         if rebuilt.utf8.elementsEqual(entry.contentType.utf8) && (attributes.mtime == nil || mtime != nil),
-            let number = baseTypes.number(base)
+            let number = styles.number(
+                NodeStyle(baseContentType: base.exact, mode: attributes.mode, uid: attributes.uid, gid: attributes.gid))
         {
-            types.append(number)
-            var owner: UInt64 = 0
-            if attributes.mode != nil { flag |= Flag.hasMode }
-            if let uid = attributes.uid { flag |= Flag.hasUid; owner |= UInt64(uid) }
-            if let gid = attributes.gid { flag |= Flag.hasGid; owner |= UInt64(gid) << 32 & ~Self.hasMtime }
-            // A gid with the top bit set does not fit beside the mtime flag: kept whole.
-            if let gid = attributes.gid, gid & 0x8000_0000 != 0 { exception.contentType = entry.contentType }
-            if mtime != nil { owner |= Self.hasMtime }
-            appendAttributes(mode: attributes.mode ?? 0, owner: owner, mtime: mtime ?? 0, present: !plain)
+            appendStyle(UInt16(number))
+            if mtime != nil { flag |= Flag.hasMtime }
+            appendMtime(mtime)
         } else {
             exception.contentType = entry.contentType
-            types.append(0)
-            appendAttributes(mode: 0, owner: 0, mtime: 0, present: false)
+            appendStyle(0)
+            appendMtime(nil)
         }
         if exception.key != nil || exception.etag != nil || exception.contentType != nil || exception.lastModified != nil {
             flag |= Flag.exception
@@ -198,22 +184,23 @@ struct PackedEntries: Sendable, RandomAccessCollection {
 
     private func size(_ position: Int) -> Int64 { wideSizes?[position] ?? Int64(sizes[position]) }
 
-    /// One entry's attribute columns (none while every entry so far had none and this has none:
-    /// `present` false).
-    private mutating func appendAttributes(mode: UInt16, owner: UInt64, mtime: Int64, present: Bool) {
-        if modes.isEmpty {
-            if !present { return }
-            let before = ends.count - 1
-            modes = Array(repeating: 0, count: before)
-            owners = Array(repeating: 0, count: before)
-            mtimes = Array(repeating: 0, count: before)
+    /// One entry's style number (none while every entry so far and this one have style 0).
+    private mutating func appendStyle(_ number: UInt16) {
+        if styleNumbers.isEmpty {
+            if number == 0 { return }
+            styleNumbers = Array(repeating: 0, count: ends.count - 1)
         }
-        modes.append(mode)
-        owners.append(owner)
-        mtimes.append(mtime)
+        styleNumbers.append(number)
     }
 
-    private func owner(_ position: Int) -> UInt64 { owners.isEmpty ? 0 : owners[position] }
+    /// One entry's mtime (none while every entry so far and this one have none).
+    private mutating func appendMtime(_ mtime: Int64?) {
+        if mtimes.isEmpty {
+            guard mtime != nil else { return }
+            mtimes = Array(repeating: 0, count: ends.count - 1)
+        }
+        mtimes.append(mtime ?? 0)
+    }
 
     /// Whether the entry's key is the prefix and its name (and "/" for a directory), compared
     /// in place: this runs for every entry of every listing.
@@ -246,7 +233,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
             if flag & Flag.exception != 0, let contentType = exceptions[Int32(position)]?.contentType {
                 return StoredAttributes.parse(contentType: contentType).attributes.mtime == nil
             }
-            return owner(position) & Self.hasMtime == 0
+            return flag & Flag.hasMtime == 0
         }
     }
 
@@ -254,15 +241,6 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     func withName<T>(_ position: Int, _ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
         let start = position == 0 ? 0 : Int(ends[position - 1])
         return names.withUnsafeBufferPointer { body(UnsafeBufferPointer(rebasing: $0[start..<Int(ends[position])])) }
-    }
-
-    private func attributes(_ position: Int, _ flag: UInt8) -> StoredAttributes {
-        let owner = owner(position)
-        return StoredAttributes(
-            mode: flag & Flag.hasMode != 0 ? modes[position] : nil,
-            uid: flag & Flag.hasUid != 0 ? UInt32(truncatingIfNeeded: owner) : nil,
-            gid: flag & Flag.hasGid != 0 ? UInt32(truncatingIfNeeded: (owner & ~Self.hasMtime) >> 32) : nil,
-            mtime: owner & Self.hasMtime != 0 ? Self.timestamp(mtimes[position]) : nil)
     }
 
 
@@ -326,21 +304,39 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     }
 }
 
-/// Strings numbered in the order they first come (base content types: a listing or a mount sees
-/// a few), each kept once.
-struct NumberedStrings: Sendable {
-    private var strings: [String] = []
-    private var numbers: [ExactString: UInt16] = [:]
+/// What many entries and nodes share: the base content type and csspfs's mode and owners
+/// parameters (each maybe absent). A listing or a mount sees a few.
+struct NodeStyle: Hashable, Sendable {
+    var baseContentType: ExactString
+    var mode: UInt16?
+    var uid: UInt32?
+    var gid: UInt32?
+}
 
-    /// The number of `string` (nil: more distinct strings than numbers).
-    mutating func number(_ string: String) -> UInt16? {
-        if let number = numbers[string.exact] { return number }
-        guard strings.count <= Int(UInt16.max) else { return nil }
-        let number = UInt16(strings.count)
-        strings.append(string)
-        numbers[string.exact] = number
+/// Styles numbered in the order they first come, each kept once; past `limit` of them there is
+/// no number for a new one (its entry or node is kept whole).
+struct NumberedStyles: Sendable {
+    let limit: Int
+    private var styles: [NodeStyle] = []
+    /// Made again when needed after `forgetNumbers`.
+    private var numbers: [NodeStyle: UInt32] = [:]
+
+    init(limit: Int) { self.limit = limit }
+
+    mutating func number(_ style: NodeStyle) -> UInt32? {
+        if numbers.isEmpty && !styles.isEmpty {
+            for (number, known) in styles.enumerated() { numbers[known] = UInt32(number) }
+        }
+        if let number = numbers[style] { return number }
+        guard styles.count < limit else { return nil }
+        let number = UInt32(styles.count)
+        styles.append(style)
+        numbers[style] = number
         return number
     }
 
-    subscript(number: UInt16) -> String { strings[Int(number)] }
+    /// Drops the table from styles to numbers (a complete listing only reads).
+    mutating func forgetNumbers() { numbers = [:] }
+
+    subscript(number: UInt32) -> NodeStyle { styles[Int(number)] }
 }

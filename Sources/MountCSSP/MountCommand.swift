@@ -350,6 +350,7 @@ enum MountCommand {
             Thread.detached { _ = store.honoursIfNoneMatch }
         }
         filesystem.startPolling()
+        HeapTrim.start(logger: logger)
         if options.readAheadMiB > 0 {
             let mountpoint = options.mountpoint
             Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }
