@@ -17,6 +17,10 @@ final class DirectoryReader: Sendable {
         case page(ListPage)
     }
     private let pageSize: Int
+    /// Whether pages are fetched ahead of the entries asked for: the next one while the entries
+    /// are read (`entries`), and the one after it as soon as that one is in (`fetchPage`). Not
+    /// for a reader that stops at its first page when the directory is larger.
+    private let pagesAhead: Bool
     /// A name never shown (the multipart parts prefix at the container root).
     private let hidden: String?
 
@@ -25,6 +29,8 @@ final class DirectoryReader: Sendable {
         var entries: PackedEntries
         var marker: String? = nil
         var complete = false
+        /// Entries in the pages fetched so far (some may be held back: `DirectoryBuilder`).
+        var listed = 0
         /// Aliases of shadowed files not yet certain (see `entries`).
         var heldAliases: [ExactString: DirectoryEntry] = [:]
         var tail: [TailItem]? = nil
@@ -32,6 +38,16 @@ final class DirectoryReader: Sendable {
         var stillListed: Set<ExactString> = []
         /// The fetch of the next page running now (one at a time), left when it ends.
         var fetch: DispatchGroup? = nil
+        /// The request of the page after the one being taken in (see `fetchPage`).
+        var pageAhead: PageAhead? = nil
+    }
+
+    /// A page asked for while the page before it is taken in: queued on the pool, running (its
+    /// group left when done), or in.
+    private enum PageAhead {
+        case queued(marker: String)
+        case running(marker: String, DispatchGroup)
+        case done(marker: String, ListPage)
     }
 
     /// What readdir shows after the listing's entries: names this mount made that the listing
@@ -59,8 +75,9 @@ final class DirectoryReader: Sendable {
 
     init(
         store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, removedHere: Set<ExactString> = [],
-        startedAt: UInt64, askedAt: UInt64
+        startedAt: UInt64, askedAt: UInt64, pagesAhead: Bool = true
     ) {
+        self.pagesAhead = pagesAhead
         self.removedHere = removedHere
         self.startedAt = startedAt
         self.askedAt = askedAt
@@ -81,6 +98,7 @@ final class DirectoryReader: Sendable {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.source = .page(ListPage(entries: page.entries, nextMarker: nil))
+        pagesAhead = false
         self.removedHere = removedHere
         self.pageSize = max(1, page.entries.count)
         self.hidden = hidden
@@ -94,6 +112,7 @@ final class DirectoryReader: Sendable {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.source = nil
+        pagesAhead = false
         self.removedHere = []
         self.pageSize = 0
         self.hidden = nil
@@ -112,6 +131,7 @@ final class DirectoryReader: Sendable {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.source = nil
+        pagesAhead = false
         self.removedHere = removedHere
         self.pageSize = 0
         self.hidden = nil
@@ -151,7 +171,7 @@ final class DirectoryReader: Sendable {
             }
             switch next {
             case .ready(let entries, let complete):
-                if !complete { fetchAhead(filesystem) }
+                if !complete && pagesAhead { fetchAhead(filesystem) }
                 return (entries, complete)
             case .wait(let running):
                 running.wait()
@@ -188,19 +208,68 @@ final class DirectoryReader: Sendable {
         if !started { finishFetch(group) }
     }
 
+    /// Asks for the page after `marker` on the filesystem's pool (see `fetchPage`); a failure
+    /// there is dropped (the page is asked for again when needed).
+    private func askAhead(_ store: any ObjectStore, after marker: String, _ filesystem: Filesystem) {
+        state.withLock { $0.pageAhead = .queued(marker: marker) }
+        let queued = filesystem.pool.submit { [self] in
+            let group = DispatchGroup()
+            group.enter()
+            defer { group.leave() }
+            let start: Bool = state.withLock { s in
+                guard case .queued(let asked)? = s.pageAhead, asked == marker else { return false }
+                s.pageAhead = .running(marker: marker, group)
+                return true
+            }
+            guard start else { return }
+            let page = try? store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+            state.withLock { s in
+                guard case .running(let asked, _)? = s.pageAhead, asked == marker else { return }
+                s.pageAhead = page.map { .done(marker: marker, $0) }
+            }
+        }
+        if !queued { state.withLock { $0.pageAhead = nil } }
+    }
+
     private func finishFetch(_ group: DispatchGroup) {
         state.withLock { s in if s.fetch === group { s.fetch = nil } }
         group.leave()
     }
 
     /// Fetches the page after the marker and appends its entries. Only while holding `fetch`.
+    /// The request of the page after it goes out as soon as this one is in, before its entries
+    /// are taken in (issue 21: 90 ms between pages with 20 ms a request, 2 s of `ls` of 200 000
+    /// names): the page is taken from there, or asked for here if its request has not started.
     private func fetchPage(_ filesystem: Filesystem) throws(FSError) {
         guard let source else { return }
-        let (marker, builder) = state.withLock { s in (s.marker, s.builder) }
+        let (marker, builder, ahead) = state.withLock { s in
+            defer { if case .queued? = s.pageAhead { s.pageAhead = nil } }
+            return (s.marker, s.builder, s.pageAhead)
+        }
+        var fetched: ListPage? = nil
+        switch ahead {
+        case .running(let asked, let group)? where asked == marker:
+            group.wait()
+            fetched = state.withLock { s in
+                guard case .done(let asked, let page)? = s.pageAhead, asked == marker else { return nil }
+                s.pageAhead = nil
+                return page
+            }
+        case .done(let asked, let page)? where asked == marker:
+            state.withLock { $0.pageAhead = nil }
+            fetched = page
+        default: break
+        }
         let page: ListPage
         do {
             switch source {
-            case .store(let store): page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+            case .store(let store):
+                if let fetched {
+                    page = fetched
+                } else {
+                    page = try store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
+                }
+                if pagesAhead, let next = page.nextMarker { askAhead(store, after: next, filesystem) }
             case .page(let whole): page = whole
             }
         } catch {
@@ -239,6 +308,7 @@ final class DirectoryReader: Sendable {
             s.entries.append(contentsOf: resolved)
             s.stillListed.formUnion(lagging)
             s.marker = page.nextMarker
+            s.listed += page.entries.count
             s.complete = page.nextMarker == nil
             if s.complete { s.entries.compact() }
         }
@@ -252,6 +322,9 @@ final class DirectoryReader: Sendable {
         state.withLock { $0.tail = tail }
         return tail
     }
+
+    /// Entries in the pages fetched so far.
+    var listedCount: Int { state.withLock { $0.listed } }
 
     /// Whether the listing read so far showed the directory's own `dir/` marker object.
     var sawMarker: Bool { state.withLock { $0.builder.sawMarker } }

@@ -221,7 +221,7 @@ extension Filesystem {
         let (generation, startedAt) = state.withLock { s in (s.directories.generation, now()) }
         let reader = DirectoryReader(
             store: store, prefix: prefix, pageSize: min(configuration.listPageSize, Self.listAheadEntryLimit + 1),
-            hidden: nil, startedAt: 0, askedAt: storeClock.tick())
+            hidden: nil, startedAt: 0, askedAt: storeClock.tick(), pagesAhead: false)
         let entries: PackedEntries
         do {
             guard let whole = try readWhole(reader, limit: Self.listAheadEntryLimit) else { return nil }

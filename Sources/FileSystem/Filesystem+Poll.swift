@@ -200,7 +200,7 @@ extension Filesystem {
 
     /// Lists `directory` and takes what changed (subtlety 2).
     private func pollDirectory(_ directory: Node) {
-        take(makeDirectoryReader(directory), of: directory)
+        take(makeDirectoryReader(directory, pagesAhead: false), of: directory)
     }
 
     /// One flat listing of `prefix` for `directories` below it (subtlety 7); each takes what

@@ -500,14 +500,15 @@ public final class Filesystem: Sendable {
         }
     }
 
-    /// Reads `reader`'s listing to its end: its entries, or nil past `limit` entries.
+    /// Reads `reader`'s listing to its end: its entries, or nil once `limit` entries came with
+    /// more to come (a full page of `limit` decides, not the page after it).
     func readWhole(_ reader: DirectoryReader, limit: Int) throws(FSError) -> PackedEntries? {
         var index = 0
         while true {
             let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
             index += batch.count
             if complete { break }
-            if index > limit { return nil }
+            if reader.listedCount >= limit { return nil }
         }
         return reader.completeEntries()
     }
@@ -557,14 +558,14 @@ public final class Filesystem: Sendable {
     }
 
     /// A reader of the server's listing of `directory`, which starts at change count `startedAt`
-    /// (now, when nil).
-    func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil) -> DirectoryReader {
+    /// (now, when nil); `pagesAhead`: see `DirectoryReader`.
+    func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil, pagesAhead: Bool = true) -> DirectoryReader {
         let (count, removed) = state.withLock { s in
             (s.directories.changeCount(directory.inode), s.directories.removedHere(directory.inode, now: now()))
         }
         return DirectoryReader(
             store: store, prefix: directory.key, pageSize: configuration.listPageSize, hidden: hiddenName(in: directory),
-            removedHere: removed, startedAt: startedAt ?? count, askedAt: storeClock.tick())
+            removedHere: removed, startedAt: startedAt ?? count, askedAt: storeClock.tick(), pagesAhead: pagesAhead)
     }
 
     /// The name a listing of `directory` never shows: the multipart parts prefix at the root.

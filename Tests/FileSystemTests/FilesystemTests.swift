@@ -101,12 +101,13 @@ struct FilesystemTests {
 
     static let ownContentType = "application/octet-stream;cssp-mtime=1600000000;cssp-mode=0644"
 
-    /// Once a page of a large directory is in, the next one is asked for while readdir works
+    /// Once a page of a large directory is in, the next one is taken in while readdir works
     /// through this one (issue 21: `ls` of 200 000 names waited for each of its 20 pages in
-    /// turn); what readdir shows is the same.
+    /// turn), and the one after it is asked for as soon as that one is in (ListingPagesTests);
+    /// what readdir shows is the same.
     @Test func readdirAsksForTheNextPageAhead() throws {
         let store = FakeObjectStore()
-        for i in 0..<250 { store.seed("dir/file\(1000 + i)", [1], contentType: Self.ownContentType) }
+        for i in 0..<1000 { store.seed("dir/file\(1000 + i)", [1], contentType: Self.ownContentType) }
         let fs = makeFilesystem(store, pageSize: 100)
         defer { fs.shutdown() }
         let dir = try fs.lookup(parent: Filesystem.rootInode, name: "dir")
@@ -118,9 +119,9 @@ struct FilesystemTests {
             return shown < 10
         }
         fs.pool.waitUntilIdle()
-        #expect(store.counts.list == 2, "the first page, and the second while readdir was at entry \(shown)")
+        #expect(store.counts.list == 3, "the first page, the second and third while readdir was at entry \(shown)")
         fs.releasedir(handle: handle)
-        #expect(try names(fs, dir.inode) == (0..<250).map { "file\(1000 + $0)" })
+        #expect(try names(fs, dir.inode) == (0..<1000).map { "file\(1000 + $0)" })
     }
 
 
@@ -453,5 +454,43 @@ struct RenamedDirectoryOpenFileTests {
         #expect(fs.drain(timeout: 10) { _ in }.isEmpty)
         #expect(throws: FSError.self) { try fs.lookup(parent: moved, name: "e f") }
         #expect(!store.keys.contains { $0.hasSuffix("e f") }, "\(store.keys)")
+    }
+}
+
+/// A directory of several pages: the next page is asked for as soon as a page is in, not once
+/// its entries are taken in (issue 21: with 20 ms a request, `ls` of 200 000 names spent 90 ms
+/// between its 20 pages, 2 s in all).
+struct ListingPagesTests {
+    @Test func theNextPageIsAskedForWhileThePageBeforeIsTakenIn() throws {
+        let fake = FakeObjectStore()
+        // "d/a" is an empty object and a directory ("d/a/x"): taking the first page in resolves
+        // it with a HEAD, which waits here until the second page is asked for.
+        fake.seed("d/a", [])
+        fake.seed("d/a/x", Array("x".utf8))
+        for name in ["b", "c", "e", "f", "g"] { fake.seed("d/" + name, Array(name.utf8)) }
+        let listingsOfD = Locked(0)
+        let secondPageAsked = DispatchSemaphore(value: 0)
+        let headWaited = Locked<DispatchTimeoutResult?>(nil)
+        let store = FaultInjectingStore(fake) { call in
+            if call.operation == .list && call.key == "d/" && listingsOfD.withLock({ $0 += 1; return $0 }) == 2 {
+                secondPageAsked.signal()
+            }
+            if call.operation == .head && call.key == "d/a" {
+                let result = secondPageAsked.wait(timeout: .now() + 10)
+                headWaited.withLock { $0 = result }
+            }
+            return .none
+        }
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
+        configuration.listPageSize = 3
+        configuration.listAhead = 0
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let d = try fs.lookup(parent: Filesystem.rootInode, name: "d")
+        listingsOfD.withLock { $0 = 0 }  // (the lookup's own listing of "d/": is it a directory)
+        let names = try fs.names(in: d.inode, batch: 7)
+        #expect(Set(["a", "b", "c", "e", "f", "g"]).isSubset(of: Set(names)), "\(names)")
+        #expect(headWaited.withLock { $0 } == .success, "the HEAD taking the first page in waited for the second page's request")
     }
 }

@@ -54,6 +54,25 @@ struct ListAheadTests {
         }
     }
 
+    /// A subdirectory larger than `listAheadEntryLimit` is left to its readdir after one page,
+    /// its first (issue 21: the listing ahead of a directory of 200 000 names asked for three
+    /// pages, the readdir then waited for it and listed from the start).
+    @Test func aLargeSubdirectoryIsLeftToItsReaddirAfterOnePage() throws {
+        let fake = FakeObjectStore()
+        for i in 0..<(Filesystem.listAheadEntryLimit + 50) { fake.seed("big/f\(100_000 + i)", text: "") }
+        fake.seed("small/a", text: "a")
+        let listings = Listings()
+        let fs = makeFilesystem(listings.store(fake))
+        defer { fs.shutdown() }
+        #expect(try fs.names(in: root) == ["big", "small"])
+        fs.waitForListingsAhead()
+        fs.pool.waitUntilIdle()
+        #expect(listings.count("big/") == 1, "big/ listed ahead: \(listings.count("big/")) pages")
+        #expect(listings.count("small/") == 1)
+        let big = try fs.lookup(parent: root, name: "big")
+        #expect(try fs.names(in: big.inode).count == Filesystem.listAheadEntryLimit + 50)
+    }
+
     /// find: readdir of the root, then of each directory in it: each subdirectory is listed
     /// once, ahead, and its readdir asks nothing.
     @Test func aWalkReadsSubdirectoriesFromListingsFetchedAhead() throws {
