@@ -447,9 +447,10 @@ struct InodeTable {
 /// a chunk is allocated whole, once, so at most one chunk is spare.
 ///
 /// A node like most (no rare field set, an MD5 ETag or none, times in nanoseconds, small
-/// counts) is kept as a `ThinNode`, about half a `Node`, and a file's key is not kept when it is
-/// its parent directory's key and its name (the key is made again when the node is read). The
-/// rest are kept whole, boxed. A node reads back exactly as it was stored.
+/// counts) is kept as a `ThinNode` of 80 bytes (a `Node` is 216), and a file's key is not kept
+/// when it is its parent directory's key and its name (the key is made again when the node is
+/// read). The rest are kept whole, in a table by slot. A node reads back exactly as it was
+/// stored.
 struct NodeStore: Sequence {
     static let chunkSize = 1024
     private var chunks: [[ThinNode]] = []

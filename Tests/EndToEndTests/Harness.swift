@@ -251,6 +251,10 @@ final class Mount {
     deinit {
         if exitStatus == nil {
             if isMounted(directory) { _ = try? shell("fusermount3 -u \(quoted(directory))") }
+            // A mount the unmount did not take (the test failed already): its daemon is told to
+            // stop, or the run would wait for it for ever (seen once: fusermount3 -u said EINVAL
+            // on a mountpoint whose SIGKILLed daemon's mount the next mount had detached).
+            if isMounted(directory) { kill(child.pid, SIGTERM) }
             _ = waitForExit()
         }
         try? FileManager.default.removeItem(atPath: directory)
