@@ -536,7 +536,8 @@ struct NodeStore: Sequence {
     private mutating func set(_ number: Int32, _ node: Node?, inode: InodeNumber) {
         var value = ThinNode.empty
         keys[number] = nil
-        wholes[number] = nil
+        // (Every node made or changed comes here: the table of whole nodes only when it has one.)
+        if chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize].isWhole { wholes[number] = nil }
         if let node {
             if var thin = ThinNode(node, style: { styles.number($0) }) {
                 // A linked file's key below its directory's is made again when read; an unlinked
