@@ -21,7 +21,8 @@ import Glibc
 /// 3. The note (`Spool.attributeNotePath`) follows the owed flag: written or removed under the
 ///    node's attribute lock (`syncAttributeNote`), never under the state lock. It is not fsynced:
 ///    it survives the process (kill -9), not a power cut. A later mount stores it only if the
-///    object still has the ETag the change was made on.
+///    object still has the ETag the change was made on, and drops it when an upload of the same
+///    name is owed too: that upload is newer and carries it (`RecoveredWork.owed`).
 /// 4. Unlink and a rename over the node settle it without storing: the object is gone.
 extension Filesystem {
     /// Whether a change of `node`'s attributes waits (see above) instead of a POST now.

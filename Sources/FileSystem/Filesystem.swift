@@ -169,11 +169,14 @@ public final class Filesystem: Sendable {
             journal: journal, store: raw, pool: pool, width: configuration.uploadConcurrency, logger: logger,
             deleteParts: { manifest, key in partsRemover.deleteParts(manifest: manifest, ofKey: key) })
         // A read-only mount stores nothing: it serves the store as it is.
-        let recovered = RecoveredWork(
-            configuration.readOnly
-                ? []
-                : spool.leftovers.compactMap { path, note in note.map { RecoveredWork.Item.upload(data: path, note: $0) } }
-                    + spool.attributeLeftovers.map { RecoveredWork.Item.attributes(note: $0.note, change: $0.change) })
+        let owed = RecoveredWork.owed(
+            uploads: configuration.readOnly ? [] : spool.leftovers.compactMap { path, note in note.map { (path, $0) } },
+            attributes: configuration.readOnly ? [] : spool.attributeLeftovers)
+        for note in owed.superseded {
+            Glibc.unlink(note.path)
+            logger.notice("attributes of '\(note.key)' owed by an earlier mount are stored by its upload owed too")
+        }
+        let recovered = RecoveredWork(owed.items)
         self.recovered = recovered
         self.store = JournaledStore(raw, deletes: deletes, recovered: recovered)
         recoveryStore = JournaledStore(raw, deletes: deletes)

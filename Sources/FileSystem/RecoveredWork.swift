@@ -66,6 +66,30 @@ final class RecoveredWork: Sendable {
         state = ConditionLocked(State(byKey: byKey))
     }
 
+    /// What earlier processes left owed, uploads first: each upload (a data file and its note)
+    /// and each attribute note, except the notes an upload of the same name supersedes. Those
+    /// are older than it: while a file has bytes to store, its attribute changes go into its
+    /// upload's note (`Filesystem.setattr`), so an attribute note beside an upload note was
+    /// written before the file was written again, and the upload carries what it says and
+    /// what came after (a utimens while the file was open). Stored after the upload, the note
+    /// would put older attributes back: the upload of the same bytes has the ETag the note was
+    /// made on (core model seed 40061).
+    static func owed(
+        uploads: [(data: String, note: Spool.PendingUpload)], attributes: [(note: String, change: Spool.PendingUpload)]
+    ) -> (items: [Item], superseded: [(path: String, key: String)]) {
+        let uploaded = Set(uploads.map(\.note.key.exact))
+        var items = uploads.map { Item.upload(data: $0.data, note: $0.note) }
+        var superseded: [(path: String, key: String)] = []
+        for (note, change) in attributes {
+            if uploaded.contains(change.key.exact) {
+                superseded.append((note, change.key))
+            } else {
+                items.append(.attributes(note: note, change: change))
+            }
+        }
+        return (items, superseded)
+    }
+
     /// Installs how an item is stored (the filesystem, once it exists).
     func install(_ perform: @escaping Perform) { state.withLock { $0.perform = perform } }
 

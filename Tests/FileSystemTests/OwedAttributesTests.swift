@@ -18,8 +18,13 @@ struct OwedAttributesTests {
     let temporary = TemporaryDirectory("cssp-owed")
     var spool: String { temporary.path + "/spool" }
 
-    func makeFilesystem(_ store: any ObjectStore) -> Filesystem {
+    func makeFilesystem(_ store: any ObjectStore, writeBack: Bool = false) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        if writeBack {
+            // Queued uploads wait an hour: a mount that ends leaves them to the next.
+            configuration.writeBack = true
+            configuration.writeBackDelay = 3600
+        }
         configuration.spoolDirectory = spool
         configuration.pendingRetrySeconds = 3600
         // No timer fires during a test: `storeOwedAttributes()` stands for the delay passing.
@@ -196,6 +201,45 @@ struct OwedAttributesTests {
         second.recoverPendingUploads()
         #expect(store.object("f")?.metadata["mode"] == "0600")
         #expect(store.object("f")?.metadata["mtime"] == "1500000000.000000007")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".attributes") }.isEmpty)
+    }
+
+    /// A file with an owed chmod is written again with the same bytes (the same ETag) and its
+    /// mtime set, and the mount ends before that upload is stored (queued by write-back, or
+    /// refused by the store at close). The next mount stores the upload, which carries both
+    /// changes; the chmod's note, older, must not be POSTed over it and put the old mtime back
+    /// (core model seed 40061: the file then showed the time of the POST).
+    @Test(arguments: [true, false], ["", "same"])
+    func anUploadOwedBesideAnOlderNoteKeepsItsAttributes(writeBack: Bool, text: String) throws {
+        let fake = FakeObjectStore()
+        let store = FaultInjectingStore(fake)
+        let first = makeFilesystem(store, writeBack: writeBack)
+        let file = try first.storeFile(root, "f", Array(text.utf8))
+        #expect(first.drain(timeout: 10) { _ in }.isEmpty)
+        // A reader holds the file open throughout, as in the seed.
+        let reading = try first.open(file.inode, writable: false, truncate: false)
+        _ = try first.setattr(file.inode, AttributeChanges(mode: 0o600))
+        let opened = try first.open(file.inode, writable: true, truncate: true)
+        if !text.isEmpty {
+            try Array(text.utf8).withUnsafeBytes { try first.write(handle: opened.handle, offset: 0, bytes: $0) }
+        }
+        _ = try first.setattr(file.inode, AttributeChanges(modified: mtime))
+        if !writeBack {
+            store.inject { call in call.operation == .put ? .before(.transient) : .none }
+            #expect(throws: FSError.self) { try first.flush(handle: opened.handle) }
+        } else {
+            try first.flush(handle: opened.handle)
+        }
+        first.release(handle: opened.handle)
+        first.release(handle: reading.handle)
+        first.shutdown()
+        store.heal()
+        #expect(fake.object("f")?.metadata["mtime"] != "1500000000.000000007")
+        let second = makeFilesystem(store)
+        defer { second.shutdown() }
+        second.recoverPendingUploads()
+        #expect(fake.object("f")?.metadata["mode"] == "0600")
+        #expect(fake.object("f")?.metadata["mtime"] == "1500000000.000000007")
         #expect(try FileManager.default.contentsOfDirectory(atPath: spool).filter { $0.hasSuffix(".attributes") }.isEmpty)
     }
 
