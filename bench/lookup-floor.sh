@@ -23,8 +23,7 @@ die() {
     echo "lookup-floor: $*" >&2
     exit 1
 }
-note() { echo "lookup-floor: $*" >&2; }
-[[ $(id -u) == 0 ]] || die "run as root (drop_caches, FUSE mounts)"
+[[ $(id -u) == 0 ]] || die "run as root (FUSE mounts)"
 
 "$REPO/scripts/setup" >/dev/null
 command -v gcc >/dev/null && pkg-config --exists fuse3 || die "needs gcc and libfuse3-dev (scripts/setup installs them)"
