@@ -217,14 +217,14 @@ final class DirectoryReader: Sendable {
             group.enter()
             defer { group.leave() }
             let start: Bool = state.withLock { s in
-                guard case .queued(let asked)? = s.pageAhead, asked == marker else { return false }
+                guard case .queued(let asked)? = s.pageAhead, asked.isSameKey(as: marker) else { return false }
                 s.pageAhead = .running(marker: marker, group)
                 return true
             }
             guard start else { return }
             let page = try? store.list(prefix: prefix, delimiter: "/", marker: marker, limit: pageSize)
             state.withLock { s in
-                guard case .running(let asked, _)? = s.pageAhead, asked == marker else { return }
+                guard case .running(let asked, _)? = s.pageAhead, asked.isSameKey(as: marker) else { return }
                 s.pageAhead = page.map { .done(marker: marker, $0) }
             }
         }
@@ -246,16 +246,18 @@ final class DirectoryReader: Sendable {
             defer { if case .queued? = s.pageAhead { s.pageAhead = nil } }
             return (s.marker, s.builder, s.pageAhead)
         }
+        // Byte for byte: Swift's String == calls two spellings of "é" equal.
+        let isMarker = { (asked: String) in marker.map(asked.isSameKey) ?? false }
         var fetched: ListPage? = nil
         switch ahead {
-        case .running(let asked, let group)? where asked == marker:
+        case .running(let asked, let group)? where isMarker(asked):
             group.wait()
             fetched = state.withLock { s in
-                guard case .done(let asked, let page)? = s.pageAhead, asked == marker else { return nil }
+                guard case .done(let asked, let page)? = s.pageAhead, isMarker(asked) else { return nil }
                 s.pageAhead = nil
                 return page
             }
-        case .done(let asked, let page)? where asked == marker:
+        case .done(let asked, let page)? where isMarker(asked):
             state.withLock { $0.pageAhead = nil }
             fetched = page
         default: break
