@@ -27,11 +27,20 @@
 #            mount each, s; and the HEAD requests csspfs sent during the ls without -l
 #            (walk and lshuge: seeded by bench/seed-huge.sh, kept between runs; a walk that
 #            takes longer than WALK_LIMIT, 600 s, is stopped and shown as "> 600 s")
+#   fwalk    walk over seed/foreign-tree/, the same tree written as other tools write it (the
+#            mtime only in X-Object-Meta-Mtime, 64 bytes an object; issue 38): find, du -s, and
+#            rsync -an of a local tree holding the same files (it must send nothing), each on a
+#            fresh mount; then du -s and the rsync again after a remount with the same cache_dir
+#            (csspfs keeps what HEADs said in it); and the HEADs each of those sent
+#   flshuge  lshuge over seed/foreign-flat/ (200 000 such objects): ls, ls -l on fresh mounts,
+#            ls -l again after a remount with the same cache_dir, and the HEADs each sent
 # and, for every mount the workloads make, the time from the mount command to the first `ls`
 # (median) and the daemon's peak RSS (VmHWM before unmount, maximum). The ceiling also reads the
 # object with 4 parallel ranged GETs of a quarter each (the parallel-GET ceiling); for walk and
 # lshuge it is the raw paged listing of the prefix (10 000 names a page; no delimiter for the
-# tree, "/" for the flat directory), shown in each of their rows.
+# tree, "/" for the flat directory), shown in each of their rows; for fwalk and flshuge also the
+# HEAD ceiling: 20 000 HEADs of seed/foreign-flat/, 16 at once (HEADs a second; a walk that HEADs
+# each of N objects takes at least N / that).
 #
 # LATENCY_MS=20 adds that much to every request of every client (csspfs, the ceiling, rclone
 # and s3fs, listings included) before the server answers (the test server's fault file,
@@ -41,9 +50,10 @@
 #   bench/compare.sh                          everything, medians of RUNS=3 (about 40 minutes)
 #   RUNS=1 TOOLS="csspfs s3fs-default" WORKLOADS="read ls" bench/compare.sh
 #
-# Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb rclone-default rclone-tuned
-# s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback); WORKLOADS (read fio write create
-# creates4 ls rsync rsync1 rmrf find findtree; walk, lshuge and visibility only when named);
+# Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb csspfs-listing rclone-default
+# rclone-tuned s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback, csspfs-listing
+# csspfs with -o foreign_attrs=listing); WORKLOADS (read fio write create creates4 ls rsync rsync1
+# rmrf find findtree; walk, lshuge, fwalk, flshuge and visibility only when named);
 # FIO_SECONDS (20); WALK_LIMIT (600); VIS_CHANGES (100), VIS_LIMIT (10 s) and VIS_IDLE (30 s)
 # for visibility; WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
@@ -78,7 +88,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
 export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
-ALL_TOOLS="ceiling csspfs csspfs-wb rclone-default rclone-tuned s3fs-default s3fs-tuned"
+ALL_TOOLS="ceiling csspfs csspfs-wb csspfs-listing rclone-default rclone-tuned s3fs-default s3fs-tuned"
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
 WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1 rmrf find findtree}
 FIO_SECONDS=${FIO_SECONDS:-20}
@@ -100,8 +110,8 @@ note() { echo "compare: $*" >&2; }
 
 for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
 for w in $WORKLOADS; do
-    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge visibility " == *" $w "* ]] ||
-        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge visibility)"
+    [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge fwalk flshuge visibility " == *" $w "* ]] ||
+        die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge fwalk flshuge visibility)"
 done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
@@ -208,6 +218,7 @@ mount_command() {
     case $TOOL_NAME in
         csspfs) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE"${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         csspfs-wb) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",writeback${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
+        csspfs-listing) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",foreign_attrs=listing${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         rclone-default | rclone-tuned)
             local tuned=()
             [[ $TOOL_NAME == rclone-tuned ]] && tuned=("${RCLONE_TUNED[@]}")
@@ -226,6 +237,11 @@ mount_command() {
 # the time from the mount command to the first successful ls.
 mount_fresh() {
     rm -rf "$CACHE"
+    mount_again
+}
+
+# mount_fresh, keeping what the cache directory holds (a remount).
+mount_again() {
     mkdir -p "$CACHE"
     drop_caches
     local t deadline=$((SECONDS + 60))
@@ -239,7 +255,8 @@ mount_fresh() {
     DAEMON=$(daemon_pid)
 }
 
-# Records the daemon's peak RSS, unmounts and waits until the daemon has exited.
+# Records the daemon's peak RSS, unmounts and waits until the daemon has exited; the cache
+# directory goes too unless $1 is "keep".
 unmount_it() {
     local hwm deadline=$((SECONDS + 120))
     hwm=$(awk '/^VmHWM:/ { print $2 }' "/proc/$DAEMON/status") || die "$TOOL_NAME daemon $DAEMON is gone"
@@ -254,7 +271,7 @@ unmount_it() {
         ((SECONDS < deadline)) || die "$TOOL_NAME daemon $DAEMON still runs 120 s after unmount"
         sleep 0.05
     done
-    rm -rf "$CACHE"
+    [[ ${1:-} == keep ]] || rm -rf "$CACHE"
 }
 
 # Copies $1 to $2 with dd bs=1M; prints the seconds. Dies unless 1 GiB went through.
@@ -589,6 +606,61 @@ workload_lshuge() {
     unmount_it
 }
 
+# passes METRIC CHECK CMD...: CMD (a walk) on a fresh mount, recorded as METRIC, and again after
+# a remount that keeps the cache directory, as METRIC_again, with the HEADs each sent
+# (METRIC_heads, METRIC_again_heads); CHECK METRIC runs after each walk that finished.
+passes() {
+    local metric=$1 check=$2 pass offset agent
+    shift 2
+    agent=$(user_agent)
+    for pass in "" _again; do
+        if [[ -z $pass ]]; then mount_fresh; else mount_again; fi
+        offset=$(access_log_size)
+        if timed_walk "$metric$pass" "$@"; then "$check" "$metric$pass"; fi
+        record "$metric${pass}_heads" "$(heads_since "$offset" "$agent")"
+        unmount_it keep
+    done
+    rm -rf "$CACHE"
+}
+
+# CHECKs of passes: what rsync -an would send; the lines of ls -l of the flat directory.
+rsync_sent() { record "$1_sent" "$(awk -F': ' '/^Number of regular files transferred/ { print $2 }' "$WORK/walk.out")"; }
+flat_lines() {
+    local n
+    n=$(wc -l <"$WORK/walk.out")
+    ((n == 200001)) || die "$TOOL_NAME: ls -l of seed/foreign-flat printed $n lines, expected 200001"
+}
+
+# once METRIC LINES CMD...: CMD (a walk) on a fresh mount, recorded as METRIC, which must
+# print LINES lines, and the HEADs it sent (METRIC_heads).
+once() {
+    local metric=$1 lines=$2 offset n
+    shift 2
+    mount_fresh
+    offset=$(access_log_size)
+    if timed_walk "$metric" "$@"; then
+        n=$(wc -l <"$WORK/walk.out")
+        ((n == lines)) || die "$TOOL_NAME: $* printed $n lines, expected $lines"
+    fi
+    record "${metric}_heads" "$(heads_since "$offset" "$(user_agent)")"
+    unmount_it
+}
+
+# fwalk: the walk over objects other tools wrote (issue 38): find on a fresh mount, then du -s
+# and rsync -an each on a fresh mount and again after a remount that keeps the cache directory.
+workload_fwalk() {
+    local tree=$MNT/seed/foreign-tree
+    once fwalk_find 101001 find "$tree"
+    passes fwalk_du : du -s "$tree"
+    passes fwalk_rsync rsync_sent rsync -an --stats "$SRC_FOREIGN/" "$tree/"
+}
+
+# flshuge: lshuge over objects other tools wrote, and ls -l again after a remount.
+workload_flshuge() {
+    once flshuge_names 200000 ls "$MNT/seed/foreign-flat"
+    passes flshuge flat_lines ls -l "$MNT/seed/foreign-flat"
+}
+
 # Waits until reading $1 through the mount gives exactly the text $2, reading every 50 ms, for
 # at most $3 seconds; false if it never did.
 wait_text() {
@@ -717,6 +789,23 @@ ceiling_run() {
         ((n == 100000)) || die "ceiling: listed $n objects below seed/huge-tree/"
         for metric in walk_find walk_du walk_rsync; do record "$metric" "$s"; done
     fi
+    if wants fwalk; then
+        t=$(now)
+        n=$("$TOOL" "$URL" ls seed/foreign-tree/ | wc -l)
+        s=$(since "$t")
+        ((n == 100000)) || die "ceiling: listed $n objects below seed/foreign-tree/"
+        for metric in fwalk_find fwalk_du fwalk_rsync fwalk_du_again fwalk_rsync_again; do record "$metric" "$s"; done
+    fi
+    if wants flshuge; then
+        t=$(now)
+        n=$("$TOOL" "$URL" ls seed/foreign-flat/ / | wc -l)
+        s=$(since "$t")
+        ((n == 200000)) || die "ceiling: listed $n objects below seed/foreign-flat/"
+        for metric in flshuge_names flshuge flshuge_again; do record "$metric" "$s"; done
+    fi
+    if wants fwalk || wants flshuge; then
+        record head_rate "$("$TOOL" "$URL" head-many seed/foreign-flat/ 20000 16 | awk '{ print $(NF - 2) }')"
+    fi
     if wants lshuge; then
         t=$(now)
         n=$("$TOOL" "$URL" ls seed/huge-flat/ / | wc -l)
@@ -751,22 +840,30 @@ if wants ls && [[ $("$TOOL" "$URL" ls seed/many/ | wc -l) != "$MANY" ]]; then
 fi
 wants walk && "$REPO/bench/seed-huge.sh" "$URL" tree
 wants lshuge && "$REPO/bench/seed-huge.sh" "$URL" flat
-SRC_HUGE=$WORK/huge
-if wants walk; then # what seed-huge.sh stores below seed/huge-tree/, for rsync to compare with
-    /usr/bin/python3 - "$SRC_HUGE" <<'PY'
+wants fwalk && "$REPO/bench/seed-huge.sh" "$URL" foreign-tree
+wants flshuge && "$REPO/bench/seed-huge.sh" "$URL" foreign-flat
+# local_tree DIR BODY: the tree seed-huge.sh stores below seed/huge-tree/ or
+# seed/foreign-tree/, as local files (BODY: the bytes of each, a Python expression; mode 0644,
+# mtime 1700000000), for rsync to compare with.
+local_tree() {
+    /usr/bin/python3 - "$1" "$2" <<'PY'
 import os, sys
-root = sys.argv[1]
+root, body = sys.argv[1], eval(sys.argv[2])
 for d in range(1000):
     directory = os.path.join(root, "d%03d" % d)
     os.makedirs(directory)
     for f in range(100):
         path = os.path.join(directory, "f%08d" % f)
         with open(path, "wb") as out:
-            out.write(b"x")
+            out.write(body)
         os.chmod(path, 0o644)
         os.utime(path, (1700000000, 1700000000))
 PY
-fi
+}
+SRC_HUGE=$WORK/huge
+SRC_FOREIGN=$WORK/foreign
+if wants walk; then local_tree "$SRC_HUGE" 'b"x"'; fi
+if wants fwalk; then local_tree "$SRC_FOREIGN" 'bytes(range(64))'; fi
 SRC_1G=$WORK/src-1g
 if wants write; then
     head -c "$GIB" /dev/urandom >"$SRC_1G"
@@ -854,6 +951,25 @@ ROWS = [
     ("lshuge_names", "ls of 200 000 in one dir, fresh mount, s", False),
     ("lshuge_heads", "  HEAD requests during it", False),
     ("lshuge", "ls -l of the same, fresh mount, s", False),
+    ("head_rate", "the server's HEADs a second, 16 at once", True),
+    ("fwalk_find", "other tools' 100 000 in 1 000 dirs: find, s", False),
+    ("fwalk_find_heads", "  HEAD requests during it", False),
+    ("fwalk_du", "  du -s, fresh mount, s", False),
+    ("fwalk_du_heads", "  HEAD requests during it", False),
+    ("fwalk_du_again", "  du -s after a remount (same cache), s", False),
+    ("fwalk_du_again_heads", "  HEAD requests during it", False),
+    ("fwalk_rsync", "  rsync -an of the same files, fresh, s", False),
+    ("fwalk_rsync_sent", "  files it would send", False),
+    ("fwalk_rsync_heads", "  HEAD requests during it", False),
+    ("fwalk_rsync_again", "  rsync -an after a remount, s", False),
+    ("fwalk_rsync_again_sent", "  files it would send", False),
+    ("fwalk_rsync_again_heads", "  HEAD requests during it", False),
+    ("flshuge_names", "other tools' 200 000 in one dir: ls, s", False),
+    ("flshuge_names_heads", "  HEAD requests during it", False),
+    ("flshuge", "  ls -l, fresh mount, s", False),
+    ("flshuge_heads", "  HEAD requests during it", False),
+    ("flshuge_again", "  ls -l after a remount (same cache), s", False),
+    ("flshuge_again_heads", "  HEAD requests during it", False),
     ("visible_median", "another client's PUT to new bytes read, median, s", False),
     ("visible_p99", "  the same, p99, s", False),
     ("visible_missed", "  changes not seen within VIS_LIMIT s", False),

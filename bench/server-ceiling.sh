@@ -2,6 +2,8 @@
 # What the local server itself can do, with no filesystem in the way (a benchmark, not a test):
 # the ceilings that bound the compare.sh "until stored" and "until the server lists none" rows.
 #   - 1000 x 4 KiB objects by parallel PUTs (cssp-tool put-many, 16 at once), objects/s
+#   - HEADs of those 1000, 16 and 8 at once (cssp-tool head-many), HEADs/s: what bounds a walk
+#     that needs one HEAD per object (issue 38: other tools' objects with foreign_attrs=head)
 #   - the same 1000 files as one extract-archive tar, and as 4 tars of 250 sent at once, objects/s
 #   - 1000 keys deleted by one bulk delete, and by 4 bulk deletes of 250 at once, s
 # Extract-archive and bulk delete go through Swift's bulk middleware with the peers' tempauth
@@ -39,11 +41,13 @@ bulk_delete() {
             --data-binary @- "$ACCOUNT?bulk-delete" | grep -q '"Number Deleted": '"$3"
 }
 
-puts=() one=() four=() del1=() del4=()
+puts=() heads16=() heads8=() one=() four=() del1=() del4=()
 for run in $(seq "$RUNS"); do
     t=$(now)
     "$TOOL" "$CSSP_SERVER_URL/$CONTAINER" put-many "p$run/" 1000 4096 16 >/dev/null
     puts+=("$(awk -v s="$(since "$t")" 'BEGIN {print 1000 / s}')")
+    heads16+=("$("$TOOL" "$CSSP_SERVER_URL/$CONTAINER" head-many "p$run/" 1000 16 | awk '{ print $(NF - 2) }')")
+    heads8+=("$("$TOOL" "$CSSP_SERVER_URL/$CONTAINER" head-many "p$run/" 1000 8 | awk '{ print $(NF - 2) }')")
     t=$(now)
     extract "a$run" "$WORK/all.tar"
     one+=("$(awk -v s="$(since "$t")" 'BEGIN {print 1000 / s}')")
@@ -63,6 +67,8 @@ done
 
 header
 row "1000 x 4 KiB by PUTs, 16 at once, objects/s" "${puts[@]}"
+row "HEADs of those, 16 at once, HEADs/s" "${heads16[@]}"
+row "HEADs of those, 8 at once, HEADs/s" "${heads8[@]}"
 row "the same as one extract-archive tar, objects/s" "${one[@]}"
 row "the same as 4 tars of 250 at once, objects/s" "${four[@]}"
 row "1000 keys by one bulk delete, s" "${del1[@]}"

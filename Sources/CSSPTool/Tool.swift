@@ -23,6 +23,8 @@ enum Tool {
           rm-prefix PREFIX                      DELETE every key starting with PREFIX
           put-dlo KEY FILE PART_MIB             upload FILE SDK-style: parts KEY/<id>/<n>, manifest KEY
           put-many PREFIX COUNT [SIZE] [JOBS]   PUT COUNT objects PREFIX<n> of SIZE bytes, JOBS in parallel
+          head-many PREFIX [COUNT] [JOBS]       HEAD the first COUNT keys below PREFIX (listed first),
+                                                JOBS in parallel (default 16); prints HEADs per second
         """
 
     static func run(_ arguments: [String]) -> Int32 {
@@ -130,6 +132,15 @@ enum Tool {
                 try store.put(key: base + zeroPadded(i), body: .bytes(body), contentType: nil, metadata: [:])
             }
             print("put \(count) objects")
+        case "head-many":
+            let listed = try store.listAll(prefix: prefix + arg(0), delimiter: nil).map(\.name)
+            let keys = args.count > 1 ? Array(listed.prefix(Int(args[1]) ?? listed.count)) : listed
+            let jobs = args.count > 2 ? Int(args[2]) ?? 16 : 16
+            let start = ContinuousClock.now
+            try parallel(keys.count, jobs: jobs) { i in _ = try store.head(key: keys[i]) }
+            let elapsed = ContinuousClock.now - start
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            print("headed \(keys.count) in \(seconds) s: \(Double(keys.count) / seconds) per second")
         default:
             throw ConfigurationError("unknown command '\(command)'\n\(usage)")
         }
