@@ -41,10 +41,11 @@ let package = Package(
             ]
         ),
         .target(name: "ObjectStoreTesting", dependencies: ["ObjectStore", "Locking"]),
-        // The SQLite block cache: what is on disk. Knows objects only as names, ETags and blocks.
+        // What is on disk: the SQLite block cache (objects only as names, ETags and blocks) and the
+        // metadata index (HEAD answers of other tools' objects).
         .target(
             name: "BlockCache",
-            dependencies: ["CSQLite", "Locking", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["CSQLite", "Locking", "ObjectStore", .product(name: "Logging", package: "swift-log")]
         ),
         .target(
             name: "FileSystem",
@@ -81,7 +82,7 @@ let package = Package(
         .testTarget(name: "ObjectStoreHTTPTests", dependencies: ["ObjectStoreHTTP", "ObjectStore", "ObjectStoreTesting"]),
         .testTarget(
             name: "BlockCacheTests",
-            dependencies: ["BlockCache", "Locking", "ObjectStoreTesting", .product(name: "Logging", package: "swift-log")]
+            dependencies: ["BlockCache", "Locking", "ObjectStore", "ObjectStoreTesting", .product(name: "Logging", package: "swift-log")]
         ),
         .testTarget(
             name: "FileSystemTests",

@@ -141,14 +141,9 @@ public final class BlockCache: Sendable {
         clock: @escaping @Sendable () -> Int64 = BlockCache.now, boot: String = BlockCache.currentBoot()
     ) -> BlockCache? {
         guard capacity >= Int64(blockSize) else { return nil }
-        let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast()
-        var current = ""
-        for component in directory where !component.isEmpty {
-            current += "/" + component
-            if mkdir(current, 0o700) != 0 && errno != EEXIST {
-                logger.warning("block cache directory \(current) cannot be created (\(String(cString: strerror(errno)))): reads will not be cached")
-                return nil
-            }
+        if let problem = makeDirectories(holding: path) {
+            logger.warning("block cache directory \(problem): reads will not be cached")
+            return nil
         }
         do {
             return try BlockCache(path: path, capacity: capacity, blockSize: blockSize, logger: logger, clock: clock, boot: boot)
@@ -167,6 +162,18 @@ public final class BlockCache: Sendable {
             logger.warning("block cache \(path) cannot be rebuilt, reads will not be cached: \(error)")
             return nil
         }
+    }
+
+    /// Makes the directories above `path` (mode 0700 where new); what failed, or nil.
+    static func makeDirectories(holding path: String) -> String? {
+        var current = ""
+        for component in path.split(separator: "/", omittingEmptySubsequences: false).dropLast() where !component.isEmpty {
+            current += "/" + component
+            if mkdir(current, 0o700) != 0 && errno != EEXIST {
+                return "\(current) cannot be created (\(String(cString: strerror(errno))))"
+            }
+        }
+        return nil
     }
 
     struct Unusable: Error {

@@ -78,6 +78,25 @@ final class SQLiteStatement {
         cssp_sqlite3_bind_text_transient(handle, index, value, -1)
     }
 
+    /// Binds a copy of `value`'s UTF-8 bytes as a blob (compared byte for byte).
+    func bind(_ index: Int32, blob value: String) {
+        var value = value
+        value.withUTF8 { bytes in _ = cssp_sqlite3_bind_blob_transient(handle, index, bytes.baseAddress, Int32(bytes.count)) }
+    }
+
+    /// Binds a copy of `bytes` as a blob.
+    func bind(_ index: Int32, blob bytes: [UInt8]) {
+        bytes.withUnsafeBytes { _ = cssp_sqlite3_bind_blob_transient(handle, index, $0.baseAddress, Int32($0.count)) }
+    }
+
+    func bind(_ index: Int32, _ value: Double) {
+        sqlite3_bind_double(handle, index, value)
+    }
+
+    func bindNull(_ index: Int32) {
+        sqlite3_bind_null(handle, index)
+    }
+
     /// Binds bytes that stay valid until the statement is reset (no copy).
     func bind(_ index: Int32, bytes: UnsafeRawBufferPointer) {
         sqlite3_bind_blob(handle, index, bytes.baseAddress, Int32(bytes.count), nil)
@@ -105,6 +124,17 @@ final class SQLiteStatement {
     }
 
     func integer(_ column: Int32) -> Int64 { sqlite3_column_int64(handle, column) }
+
+    func double(_ column: Int32) -> Double { sqlite3_column_double(handle, column) }
+
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
+
+    /// A blob or text column's bytes as UTF-8 text.
+    func blobText(_ column: Int32) -> String {
+        let count = Int(sqlite3_column_bytes(handle, column))
+        guard count > 0, let pointer = sqlite3_column_blob(handle, column) else { return "" }
+        return String(decoding: UnsafeRawBufferPointer(start: pointer, count: count), as: UTF8.self)
+    }
 
     func text(_ column: Int32) -> String {
         guard let pointer = sqlite3_column_text(handle, column) else { return "" }

@@ -511,6 +511,24 @@ struct EntryTable {
             .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
     }
 
+    /// Up to `count` entries after `name`'s in the order of the names' bytes, as they are now
+    /// (changes made here included); none when the listing itself lacks `name`.
+    func following(_ name: ExactString, count: Int) -> [DirectoryEntry] {
+        guard count > 0, let found = position(of: name) else { return [] }
+        var rank = order.map { $0.firstIndex(of: Int32(found)) ?? entries.count } ?? found
+        var result: [DirectoryEntry] = []
+        while rank + 1 < entries.count && result.count < count {
+            rank += 1
+            let entry = entries[position(at: rank)]
+            if let change = changes[entry.name.exact] {
+                if let changed = change { result.append(changed) }
+            } else {
+                result.append(entry)
+            }
+        }
+        return result
+    }
+
     /// Whether the listing itself has `name` (whatever changed here since).
     func listed(_ name: ExactString) -> Bool { position(of: name) != nil }
 

@@ -331,6 +331,20 @@ final class DirectoryReader: Sendable {
     /// Whether the listing read so far showed the directory's own `dir/` marker object.
     var sawMarker: Bool { state.withLock { $0.builder.sawMarker } }
 
+    /// The entry named `name` among those read so far, if it is there (read in the listing's
+    /// order: a name the reader has not reached is not found).
+    func listedEntry(named name: String) -> DirectoryEntry? {
+        state.withLock { s in s.entries.sortedPosition(of: name).map { s.entries[$0] } }
+    }
+
+    /// Up to `count` entries read so far after the one named `name`.
+    func entries(following name: String, count: Int) -> [DirectoryEntry] {
+        state.withLock { s in
+            guard let found = s.entries.sortedPosition(of: name) else { return [] }
+            return (found + 1..<min(s.entries.count, found + 1 + count)).map { s.entries[$0] }
+        }
+    }
+
     /// Every entry, if the whole listing has been read.
     func completeEntries() -> PackedEntries? {
         state.withLock { $0.complete ? $0.entries : nil }

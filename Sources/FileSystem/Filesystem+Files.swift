@@ -923,6 +923,11 @@ extension Filesystem {
                 try truncate(node, to: size)
             }
             let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
+            // Another tool's version no HEAD has described yet: its headers' mtime, not the
+            // listing's, is what the change keeps (the store's POST replaces them all).
+            if metadataChanged, let current = state.withLock({ $0.inodes[inode] }), current.linked, awaitsHead(current) {
+                _ = try refresh(current)
+            }
             if let accessed = changes.accessed {
                 // Kept by this mount only: the store has no access time.
                 state.withLock { s in _ = s.inodes.update(inode) { $0.accessedAt = accessed; $0.changedAt = Timestamp.now() } }
@@ -934,6 +939,9 @@ extension Filesystem {
                         if let uid = changes.uid { n.stored.uid = uid }
                         if let gid = changes.gid { n.stored.gid = gid }
                         if let modified = changes.modified { n.stored.mtime = modified }
+                        // An object without a stored mtime (another tool's) keeps the one it
+                        // showed: the change is stored with it, not with the store's new time.
+                        if n.stored.mtime == nil && n.kind == .file { n.stored.mtime = n.lastModified.roundedUpToSecond }
                         n.changedAt = Timestamp.now()
                         n.attributeVersion += 1
                     } ?? node

@@ -636,7 +636,15 @@ extension Filesystem {
         let current = state.withLock { $0.inodes[source.inode] } ?? source
         var newManifest: String? = nil
         // Owed attributes ride on the copy (which then stores them); otherwise it keeps the source's own.
-        var form: (contentType: String, metadata: [String: String])? = current.attributesOwed ? storedForm(of: current) : nil
+        // An object without a stored mtime (another tool's) keeps the time it showed, not the
+        // copy's new one (issue 38): the copy stores it, the object is csspfs's own from then on.
+        var shown = current
+        if !current.attributesOwed && current.stored.mtime == nil && current.kind == .file {
+            shown.stored.mtime = current.lastModified.roundedUpToSecond
+        }
+        let keepsTime = shown.stored.mtime != current.stored.mtime
+        var form: (contentType: String, metadata: [String: String])? =
+            current.attributesOwed || keepsTime ? storedForm(of: shown) : nil
         do throws(ObjectStoreError) {
             if !current.etag.isEmpty && current.manifest == nil
                 && now() - current.metadataKnownAt <= configuration.attributeCacheSeconds
@@ -652,8 +660,8 @@ extension Filesystem {
                     // Another client replaced the object since the change: it keeps theirs.
                     form = nil
                     state.withLock { s in _ = s.inodes.update(source.inode) { apply(info, askedAt: askedAt, to: &$0) } }
-                } else if current.attributesOwed {
-                    let owed = storedForm(of: current, over: info)
+                } else if current.attributesOwed || keepsTime {
+                    let owed = storedForm(of: shown, over: info)
                     (info.contentType, info.metadata) = owed
                     form = owed
                 }
@@ -682,6 +690,7 @@ extension Filesystem {
         if let replacedSpool { markRemoved(replacedSpool) }
         state.withLock { s in
             if let newManifest { s.inodes.update(source.inode) { $0.manifest = newManifest } }
+            if keepsTime, form != nil { s.inodes.update(source.inode) { $0.stored.mtime = $0.stored.mtime ?? shown.stored.mtime } }
             finish(&s)
             // The copy stored the owed attributes, unless they changed since; the replaced
             // file's are owed to an object that is gone.

@@ -270,7 +270,9 @@ extension Filesystem {
                 else { continue }
                 if Self.describesWhole(entry) {
                     let updated = s.inodes.update(child) {
-                        $0.merge(entry, listedAt: reader.askedAt, head: nil, fresh: false, now: now())
+                        $0.merge(
+                            entry, listedAt: reader.askedAt, head: nil, fresh: false, now: now(),
+                            foreign: configuration.foreignAttributes)
                     }
                     if let updated, updated.etag != node.etag || updated.size != node.size { changed.append(child) }
                 } else if node.manifest == nil && node.size != 0 {

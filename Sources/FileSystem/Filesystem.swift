@@ -104,6 +104,11 @@ public final class Filesystem: Sendable {
         var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
         /// Passes asking the kernel to forget names (`Filesystem+Bound`).
         var bound = BoundState()
+        /// The listing a readdir is reading from the server, by directory, and when it started,
+        /// until it is remembered: a lookup of a name it showed within `dir_timeout` takes the
+        /// entry from it (`ls -l` of a directory too large to remember whole stats each name
+        /// while reading it).
+        var readers: [InodeNumber: (reader: DirectoryReader, at: Double)] = [:]
 
         /// Drops the listings of directories the inode table no longer holds, and keeps the
         /// numbers of names whose nodes the kernel forgot for their next nodes (readdir may have
@@ -244,7 +249,10 @@ public final class Filesystem: Sendable {
         case .file: size = node.size
         case .symlink: size = Int64(node.symlinkTarget?.utf8.count ?? Int(node.size))
         }
-        let fallbackTime = node.kind == .directory ? configuration.directoryTime : node.lastModified
+        // An object without a stored mtime shows its last-modified time to the second: a HEAD
+        // says no more (a listing has microseconds), and a time must not change with the answer
+        // that happened to describe the object first (issue 38).
+        let fallbackTime = node.kind == .directory ? configuration.directoryTime : node.lastModified.roundedUpToSecond
         let modified = node.stored.mtime ?? fallbackTime
         return Attributes(
             inode: node.inode, kind: node.kind, size: size, modified: modified,
@@ -273,10 +281,20 @@ public final class Filesystem: Sendable {
         }
         // A node no name leads to (unlinked or replaced here, held open) keeps what it knew:
         // its old key may hold another object now, which is not this file.
-        if node.kind != .directory && node.linked && now() - node.confirmedAt > configuration.attributeCacheSeconds {
+        if node.kind != .directory && node.linked
+            && (now() - node.confirmedAt > configuration.attributeCacheSeconds || awaitsHead(node))
+        {
             node = try refresh(node)
         }
         return attributes(of: node)
+    }
+
+    /// Whether `node` is another tool's file whose metadata headers no answer has shown for its
+    /// version yet (a listing showed a new version of it), with `foreign_attrs=head`: its
+    /// attributes are not reported before a HEAD.
+    func awaitsHead(_ node: Node) -> Bool {
+        configuration.foreignAttributes == .head && (node.kind == .file && node.size > 0 || node.kind == .symlink)
+            && node.metadataKnownAt == 0 && node.stored.mtime == nil && !node.hasUnacknowledgedChange
     }
 
     /// HEADs a file's object and stores what it says.
@@ -296,7 +314,7 @@ public final class Filesystem: Sendable {
     /// Takes what a HEAD asked at `askedAt` said, if the rule admits it (see `Node.apply`), at
     /// this filesystem's time.
     func apply(_ info: ObjectInfo, askedAt: UInt64, to node: inout Node) {
-        node.apply(info, askedAt: askedAt, now: now())
+        node.apply(info, askedAt: askedAt, now: now(), foreign: configuration.foreignAttributes)
     }
 
     // MARK: Lookup
@@ -365,10 +383,32 @@ public final class Filesystem: Sendable {
         }
         if let local { return local }
 
-        let listed: (entry: DirectoryEntry?, askedAt: UInt64, since: UInt64)? = state.withLock { s in
-            guard let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds)
-            else { return nil }
-            return (listing.entries[name.exact], listing.askedAt, s.directories.changeCount(parent))
+        // Where the entry comes from: a remembered listing, or a readdir's listing under way.
+        enum Source {
+            case table(EntryTable, askedAt: UInt64, since: UInt64)
+            case reader(DirectoryReader)
+        }
+        let source: Source? = state.withLock { s in
+            if let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds) {
+                return .table(listing.entries, askedAt: listing.askedAt, since: s.directories.changeCount(parent))
+            }
+            guard let (reader, at) = s.readers[parent], now() - at <= configuration.directoryCacheSeconds else { return nil }
+            return .reader(reader)
+        }
+        var listed: (entry: DirectoryEntry?, askedAt: UInt64, since: UInt64)? = nil
+        // The entries after the name's, for the HEADs ahead of the program (`prefetchAhead`).
+        var following: (Int) -> [DirectoryEntry] = { _ in [] }
+        switch source {
+        case .table(let table, let askedAt, let since)?:
+            listed = (table[name.exact], askedAt, since)
+            following = { table.following(name.exact, count: $0) }
+        case .reader(let reader)?:
+            // Only a name the reader showed: one it has not read yet may come on a later page.
+            if let found = reader.listedEntry(named: name) {
+                listed = (found, reader.askedAt, reader.startedAt)
+                following = { reader.entries(following: name, count: $0) }
+            }
+        case nil: break
         }
         var entry: DirectoryEntry
         // When the entry was asked for (the attribute rule), and the directory's change count
@@ -385,6 +425,7 @@ public final class Filesystem: Sendable {
             if let (listing, askedAt, count) = try listForLookups(directory) {
                 guard let found = listing[name.exact] else { throw FSError(.notFound, "no '\(name)' in '\(directory.key)'") }
                 (entry, listedAt, since) = (found, askedAt, count)
+                following = { listing.following(name.exact, count: $0) }
             } else {
                 since = state.withLock { $0.directories.changeCount(parent) }
                 listedAt = storeClock.tick()
@@ -421,12 +462,19 @@ public final class Filesystem: Sendable {
                 head = HeadAnswer(info: info, askedAt: askedAt)
                 recordPrefetched(entry, answer: .some(info), askedAt: askedAt)
             }
-        } else if entry.kind == .file, Self.needsMetadata(entry) {
-            // Another tool's object: its metadata headers, if the background HEAD has them (or
-            // had queued it). Without them the listing's attributes serve.
-            switch prefetchedMetadata(entry, wait: true) {
-            case .known(let answer): head = answer
-            case .yours:
+        } else if awaitsHead(entry) {
+            // Another tool's object (`foreign_attrs=head`): its metadata headers before its
+            // first report, from the node (this version, described by a HEAD already), a HEAD
+            // ahead of the program, the index, or a HEAD now. The next ones go out meanwhile.
+            prefetchAhead(of: entry.key, in: parent, listedAt: listedAt, following: following)
+            let known = state.withLock { s in s.inodes.child(parent, name) }
+            if let known, known.kind == entry.kind, known.etag == entry.etag, known.metadataKnownAt > 0,
+                known.lastModified.agrees(with: entry.lastModified)
+            {
+                // (merge keeps what the node's HEAD said of the version it lists.)
+            } else if case .known(let answer) = prefetchedMetadata(entry, wait: true, listedAt: listedAt) {
+                head = answer
+            } else {
                 let askedAt = storeClock.tick()
                 do {
                     let info = try store.head(key: entry.key)
@@ -436,10 +484,11 @@ public final class Filesystem: Sendable {
                     recordPrefetched(entry, answer: .some(nil), askedAt: askedAt)
                     throw FSError(.notFound, "'\(entry.key)' is gone from the server")
                 } catch {
+                    // Not the listing's attributes instead: they would change once a HEAD
+                    // answers (the rule of `ForeignAttributes`).
                     recordPrefetched(entry, answer: nil, askedAt: askedAt)
-                    logger.debug("HEAD of '\(entry.key)' failed, using the listing: \(error)")
+                    throw FSError(storeError: error, operation: "lookup", path: entry.key)
                 }
-            case .unknown: break
             }
         }
         return try state.withLock { s throws(FSError) in
@@ -619,7 +668,7 @@ public final class Filesystem: Sendable {
             return attributes(of: node)
         }
         let node = s.inodes.update(linked.inode) { node in
-            node.merge(entry, listedAt: listedAt, head: head, fresh: fresh, now: now())
+            node.merge(entry, listedAt: listedAt, head: head, fresh: fresh, now: now(), foreign: configuration.foreignAttributes)
         }
         return attributes(of: node ?? linked)
     }
@@ -782,12 +831,17 @@ public final class Filesystem: Sendable {
     ) throws(FSError) {
         defer { boundNodes() }
         try walk(inode, handle: handle, offset: offset) { item, next in
-            // Another tool's object: its metadata headers if a background HEAD already has them.
+            // Another tool's object: its metadata headers if a HEAD (or the index) has them;
+            // else, with `foreign_attrs=head`, the name alone (the kernel looks it up if the
+            // program wants more, and the lookup waits for the HEAD).
             var head: HeadAnswer? = nil
-            if case .listed(let entry, _, _) = item, entry.kind == .file, entry.size > 0, Self.needsMetadata(entry),
-                case .known(let answer) = prefetchedMetadata(entry, wait: false), answer.info != nil
-            {
-                head = answer
+            var nameOnly = false
+            if case .listed(let entry, let listedAt, _) = item, awaitsHead(entry) {
+                if case .known(let answer) = prefetchedMetadata(entry, wait: false, listedAt: listedAt), answer.info != nil {
+                    head = answer
+                } else {
+                    nameOnly = true
+                }
             }
             let linked: (String, NodeKind, Attributes?)? = state.withLock { s in
                 switch item {
@@ -801,7 +855,7 @@ public final class Filesystem: Sendable {
                     {
                         return (entry.name, .file, attributes)
                     }
-                    guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0) else { return nil }
+                    guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0), !nameOnly else { return nil }
                     // nil: the listing is older than a change made here (the kernel looks it up).
                     let attributes = try? link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
                     return (entry.name, attributes?.kind ?? entry.kind, attributes)
@@ -837,6 +891,7 @@ public final class Filesystem: Sendable {
             open.reader = reader
             state.withLock { s in
                 s.handles.update(handle, open)
+                if !reader.isRemembered { s.readers[inode] = (reader, now()) }
             }
         } else {
             reader = open.reader!
@@ -910,6 +965,7 @@ public final class Filesystem: Sendable {
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
             return state.withLock { s in
+                if s.readers[inode]?.reader === reader { s.readers[inode] = nil }
                 let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
                 // What the reader's entries show, and what this mount recorded that they lack:
                 // a fresh listing's table has the changes; a remembered listing's entries are
@@ -950,7 +1006,12 @@ public final class Filesystem: Sendable {
     }
 
     public func releasedir(handle: UInt64) {
-        state.withLock { $0.handles.closeDirectory(handle) }
+        state.withLock { s in
+            if let reader = s.handles.directory(handle)?.reader {
+                for (inode, current) in s.readers where current.reader === reader { s.readers[inode] = nil }
+            }
+            s.handles.closeDirectory(handle)
+        }
     }
 
     /// Resolves a readdir collision (see DirectoryBuilder).
@@ -1013,6 +1074,7 @@ public final class Filesystem: Sendable {
         stopPrefetching()
         stopListingAhead()
         let ended = pool.shutdown(deadline: deadline)
+        configuration.metadataIndex?.flush()
         // Written and synced: a cache a power cut could have torn is not trusted (BlockCache).
         configuration.blockCache?.markClean()
         spool.unlock()

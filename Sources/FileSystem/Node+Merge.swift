@@ -76,9 +76,10 @@ extension Node {
         metadataKnownAt = 0
     }
 
-    /// Takes what a HEAD said, if the rule admits it (returned).
+    /// Takes what a HEAD said, if the rule admits it (returned). `foreign`: where another tool's
+    /// object's attributes come from (with `.listing`, not from its metadata headers).
     @discardableResult
-    mutating func apply(_ info: ObjectInfo, askedAt: UInt64, now: Double) -> Bool {
+    mutating func apply(_ info: ObjectInfo, askedAt: UInt64, now: Double, foreign: ForeignAttributes = .head) -> Bool {
         let headTime = Timestamp(info.lastModified)
         let verdict = admission(askedAt: askedAt, etag: info.etag, lastModified: headTime)
         guard verdict.admitted else {
@@ -93,7 +94,7 @@ extension Node {
         // has microseconds. Keep the listing's time when they agree: a time that changes under
         // the kernel makes it drop the file's page cache (and `ls -l` would jitter).
         if !(sameVersion && headTime.agrees(with: lastModified)) { lastModified = headTime }
-        if !hasUnacknowledgedChange { stored = StoredAttributes.of(info) }
+        if !hasUnacknowledgedChange { stored = StoredAttributes.of(info, foreign: foreign) }
         baseContentType = StoredAttributes.parse(contentType: info.contentType).base
         manifest = info.manifest
         extraMetadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
@@ -108,14 +109,20 @@ extension Node {
 
     /// What a listing entry (asked at `listedAt`) and a HEAD's answer, if any, say, merged into
     /// what the node knows under the rule. `fresh`: the node was confirmed within attr_timeout.
-    mutating func merge(_ entry: DirectoryEntry, listedAt: UInt64, head: HeadAnswer?, fresh: Bool, now: Double) {
+    /// A listing entry of another version of another tool's object makes the node forget its
+    /// metadata (`metadataKnownAt`): with `foreign_attrs=head`, getattr HEADs it before the
+    /// next report (`Filesystem.awaitsHead`).
+    mutating func merge(
+        _ entry: DirectoryEntry, listedAt: UInt64, head: HeadAnswer?, fresh: Bool, now: Double,
+        foreign: ForeignAttributes = .head
+    ) {
         switch entry.kind {
         case .file, .symlink, .fifo, .socket:
             if let head, let info = head.info {
                 // A version new to the node that both describe: the listing's precise time (a
                 // version it knew keeps the time the kernel saw).
                 let newToTheNode = etag != entry.etag
-                if apply(info, askedAt: head.askedAt, now: now), newToTheNode, info.etag == entry.etag,
+                if apply(info, askedAt: head.askedAt, now: now, foreign: foreign), newToTheNode, info.etag == entry.etag,
                     lastModified.agrees(with: entry.lastModified)
                 {
                     lastModified = entry.lastModified
@@ -135,6 +142,10 @@ extension Node {
                 // headers. A time that changes under the kernel makes it drop its page cache.
                 let sameVersion = etag == entry.etag && lastModified.agrees(with: entry.lastModified)
                 if !sameVersion { lastModified = entry.lastModified }
+                // Another version, or another tool's object whose metadata may have changed with
+                // its time: what a HEAD said is not known of it (with foreign_attrs=head, getattr
+                // asks again before it reports).
+                if etag != entry.etag || (!sameVersion && parsed.attributes.mtime == nil) { metadataKnownAt = 0 }
                 // A listing does not carry a symlink's target: another version's is read again.
                 if kind == .symlink && etag != entry.etag { symlinkTarget = nil }
                 size = entry.size
@@ -151,7 +162,7 @@ extension Node {
             guard let head else { return }
             if admission(askedAt: head.askedAt, etag: nil, lastModified: .zero).admitted {
                 admit(askedAt: head.askedAt, newer: false)
-                stored = head.info.map(StoredAttributes.of) ?? StoredAttributes()
+                stored = head.info.map { StoredAttributes.of($0) } ?? StoredAttributes()
             }
             confirmedAt = now
         }

@@ -224,16 +224,54 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     /// (this runs for every entry of every listing: making each one took a sixth of the daemon's
     /// time in a walk).
     func needsMetadata(_ position: Int) -> Bool {
-        let flag = flags[position]
-        switch Self.kinds[Int(flag & Flag.kind)] {
+        switch Self.kinds[Int(flags[position] & Flag.kind)] {
         case .directory: return true
         case .symlink, .fifo, .socket: return false
-        case .file:
-            if size(position) == 0 { return true }
-            if flag & Flag.exception != 0, let contentType = exceptions[Int32(position)]?.contentType {
-                return StoredAttributes.parse(contentType: contentType).attributes.mtime == nil
+        case .file: return size(position) == 0
+        }
+    }
+
+    /// Whether the entry at `position` is a directory (without making a `DirectoryEntry`).
+    func isDirectory(_ position: Int) -> Bool { Self.kinds[Int(flags[position] & Flag.kind)] == .directory }
+
+    /// The position of the entry named `name` in entries in a listing's order: by the bytes of
+    /// their names, a directory's with its "/" (`a.txt` before `a/`), if there is one.
+    func sortedPosition(of name: String) -> Int? {
+        var text = name
+        return text.withUTF8 { wanted -> Int? in
+            // A file of that name sorts as `name`, a directory as `name/`: look for either.
+            for slash in [false, true] {
+                var low = 0
+                var high = count
+                while low < high {
+                    let middle = (low + high) / 2
+                    if sortKey(middle, precedes: wanted, slash: slash) { low = middle + 1 } else { high = middle }
+                }
+                guard low < count else { continue }
+                if withName(low, { $0.elementsEqual(wanted) }) && isDirectory(low) == slash { return low }
             }
-            return flag & Flag.hasMtime == 0
+            return nil
+        }
+    }
+
+    /// Whether the entry at `position`, as a listing sorts it (its key: the name, and "/" for a
+    /// directory), precedes `wanted` (and a "/" with `slash`).
+    private func sortKey(_ position: Int, precedes wanted: UnsafeBufferPointer<UInt8>, slash: Bool) -> Bool {
+        let directory = isDirectory(position)
+        return withName(position) { name in
+            func byte(_ bytes: UnsafeBufferPointer<UInt8>, _ withSlash: Bool, _ i: Int) -> UInt8? {
+                i < bytes.count ? bytes[i] : (i == bytes.count && withSlash ? UInt8(ascii: "/") : nil)
+            }
+            var i = 0
+            while true {
+                switch (byte(name, directory, i), byte(wanted, slash, i)) {
+                case (nil, nil): return false
+                case (nil, _): return true
+                case (_, nil): return false
+                case (let a?, let b?): if a != b { return a < b }
+                }
+                i += 1
+            }
         }
     }
 

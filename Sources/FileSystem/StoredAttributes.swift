@@ -117,8 +117,11 @@ public struct StoredAttributes: Sendable, Equatable {
     }
 
     /// Attributes of an object from its HEAD: metadata headers over content-type parameters.
-    public static func of(_ info: ObjectInfo) -> StoredAttributes {
+    /// Another tool's object (no `cssp-mtime` parameter) with `foreign: .listing` has none: its
+    /// attributes are what a listing shows of it (`ForeignAttributes`).
+    public static func of(_ info: ObjectInfo, foreign: ForeignAttributes = .head) -> StoredAttributes {
         var attributes = parse(contentType: info.contentType).attributes
+        if foreign == .listing && attributes.mtime == nil { return attributes }
         let headers = parse(metadata: info.metadata)
         attributes.mode = headers.mode ?? attributes.mode
         attributes.uid = headers.uid ?? attributes.uid

@@ -35,22 +35,47 @@ public struct Timestamp: Sendable, Equatable, Comparable, CustomStringConvertibl
     /// Parses `1700000000`, `1700000000.5` or `1700000000.123456789` (the X-Object-Meta-Mtime
     /// format of rclone and svfs) exactly, without going through a Double.
     public init?(parsing text: some StringProtocol) {
-        let parts = text.split(separator: ".", maxSplits: 1, omittingEmptySubsequences: false)
-        guard let first = parts.first, !first.isEmpty, let s = Int64(first) else { return nil }
+        // On the bytes: this runs for every HEAD answer of other tools' objects (issue 38).
+        var seconds: Int64 = 0
+        var negative = false
         var nanos: Int32 = 0
-        if parts.count == 2 {
-            let digits = parts[1].prefix(9)
-            guard !digits.isEmpty, digits.allSatisfy(\.isASCII), let value = Int32(digits) else { return nil }
-            nanos = value
-            for _ in digits.count..<9 { nanos *= 10 }
+        var fractionDigits = 0
+        var sawDigit = false
+        var inFraction = false
+        for (i, byte) in text.utf8.enumerated() {
+            if inFraction {
+                guard fractionDigits < 9 else { break }  // beyond nanoseconds: ignored
+                guard byte >= 0x30 && byte <= 0x39 else { return nil }
+                nanos = nanos * 10 + Int32(byte - 0x30)
+                fractionDigits += 1
+            } else if byte == UInt8(ascii: "."), sawDigit {
+                inFraction = true
+            } else if i == 0 && (byte == UInt8(ascii: "-") || byte == UInt8(ascii: "+")) {
+                negative = byte == UInt8(ascii: "-")
+            } else if byte >= 0x30 && byte <= 0x39 {
+                let (times, overflow) = seconds.multipliedReportingOverflow(by: 10)
+                let (sum, overflow2) = times.addingReportingOverflow(Int64(byte - 0x30))
+                guard !overflow && !overflow2 else { return nil }
+                seconds = sum
+                sawDigit = true
+            } else {
+                return nil
+            }
         }
-        self.init(seconds: s, nanoseconds: nanos)
+        guard sawDigit, !inFraction || fractionDigits > 0 else { return nil }
+        for _ in fractionDigits..<9 { nanos *= 10 }
+        self.init(seconds: negative ? -seconds : seconds, nanoseconds: nanos)
     }
 
     /// `seconds.nnnnnnnnn`.
     public var description: String {
         let fraction = String(nanoseconds)
         return "\(seconds)." + String(repeating: "0", count: 9 - fraction.count) + fraction
+    }
+
+    /// The time to the second, rounded up (how a HEAD's Last-Modified reports a listed time).
+    var roundedUpToSecond: Timestamp {
+        nanoseconds > 0 ? Timestamp(seconds: seconds + 1, nanoseconds: 0) : self
     }
 
     /// Whether two reports of one object's time agree: equal, or one is the whole-second form of

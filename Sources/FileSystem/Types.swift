@@ -86,6 +86,19 @@ public struct AttributeChanges: Sendable, Equatable {
     }
 }
 
+/// Where the attributes of an object other tools wrote come from: a file whose content type
+/// lacks csspfs's `cssp-mtime` and whose mtime, mode and owner are `X-Object-Meta-*` headers
+/// that no listing shows (issue 38). Either way, the attributes the mount first reports for a
+/// version (ETag) of such an object are the ones it keeps reporting for that version.
+public enum ForeignAttributes: String, Sendable {
+    /// The headers, from a HEAD (or the metadata index) before the first report: the real mtime
+    /// rsync and make need, a HEAD per object the first time.
+    case head
+    /// The listing's size and last-modified time (to the second), the default mode and owner:
+    /// no HEAD, not the file's own mtime.
+    case listing
+}
+
 /// How the mount behaves. Times are in seconds.
 public struct FilesystemConfiguration: Sendable {
     /// Key prefix that the mount's root shows ("" for the whole container, else ending in "/").
@@ -127,8 +140,13 @@ public struct FilesystemConfiguration: Sendable {
     /// Files larger than this are uploaded as a multipart (DLO) upload.
     public var multipartThreshold: Int64 = 64 << 20
     public var partSize: Int64 = 32 << 20
-    /// Listed entries HEADed in the background per listing for what listings lack (0 = none).
+    /// Listed entries HEADed in the background per listing for what listings lack (0 = none;
+    /// also no HEADs ahead of a program's lookups of foreign files).
     public var metadataPrefetchLimit: Int = 10_000
+    /// Where the attributes of other tools' objects come from (`foreign_attrs`).
+    public var foreignAttributes: ForeignAttributes = .head
+    /// What HEADs said about other tools' objects, kept across mounts (nil: not kept).
+    public var metadataIndex: MetadataIndex? = nil
     /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`; 0: none).
     public var listAhead: Int = 8
     /// Listings ahead running or fetched and not used yet, at most (`Filesystem+ListAhead`).

@@ -252,6 +252,7 @@ enum MountCommand {
         fsConfiguration.readAheadWindow = options.readAheadMiB << 20
         fsConfiguration.memoryBudget = MemoryBudget(limit: Int64(options.memoryMiB) << 20)
         fsConfiguration.metadataPrefetchLimit = options.metadataPrefetch
+        fsConfiguration.foreignAttributes = options.foreignAttributesFromHead ? .head : .listing
         fsConfiguration.listAhead = options.listAhead
         fsConfiguration.maximumEntries = options.metaMaxEntries
         fsConfiguration.serverExclusiveCreates = options.serverExclusiveCreates
@@ -282,6 +283,10 @@ enum MountCommand {
         }
         // Credentials are not part of it: blocks are also checked by ETag, which is the content's MD5.
         fsConfiguration.cacheIdentity = options.endpoint.baseURL + "/" + options.endpoint.container
+        if options.foreignAttributesFromHead {
+            fsConfiguration.metadataIndex = MetadataIndex.open(
+                path: cacheDirectory + "/meta.db", identity: fsConfiguration.cacheIdentity, logger: logger)
+        }
         fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
         fsConfiguration.partSize = Int64(options.partSizeMiB) << 20
         fsConfiguration.uploadConcurrency = options.uploadParallelism

@@ -52,6 +52,9 @@ public struct MountOptions: Sendable, Equatable {
     public var logLevel: String? = nil
     /// Listed entries HEADed in the background per listing (0: none).
     public var metadataPrefetch = 10_000
+    /// `foreign_attrs`: other tools' objects described by a HEAD (`head`, the default, true) or
+    /// by the listing alone (`listing`, false).
+    public var foreignAttributesFromHead = true
     /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`).
     public var listAhead = 8
     /// At most this many names' attributes and, apart, names in remembered listings (`meta_max_entries`; 0: no bound).
@@ -312,6 +315,12 @@ public enum Arguments {
             }
             options.logLevel = level
         case "meta_prefetch": options.metadataPrefetch = try integer(0...1_000_000)
+        case "foreign_attrs":
+            let value = try needValue()
+            guard value == "head" || value == "listing" else {
+                throw ConfigurationError("option 'foreign_attrs' needs head or listing, not '\(value)'")
+            }
+            options.foreignAttributesFromHead = value == "head"
         case "list_ahead": options.listAhead = try integer(0...64)
         case "meta_max_entries": options.metaMaxEntries = try integer(0...1_000_000_000)
         case "poll_s":
@@ -383,9 +392,14 @@ public enum Arguments {
           readahead_mb=N         largest sequential read-ahead window in MiB, 0 = off (default 24)
           memory_mb=N            fetched data all readers hold at once; read-ahead waits, demand reads
                                  add at most max_threads blocks (default 64)
-          meta_prefetch=N        after a listing, HEAD up to N entries it cannot describe (other tools'
-                                 objects, directories, empty files) in the background, 4 at a time;
-                                 0 = off (default 10000)
+          meta_prefetch=N        after a listing, HEAD up to N directories and empty files in the
+                                 background (their attributes are on a marker, or a DLO's); and HEAD
+                                 other tools' files ahead of the lookups of ls -l, du or rsync; 8 at
+                                 a time; 0 = off (default 10000)
+          foreign_attrs=head     other tools' files (mtime only in X-Object-Meta-Mtime) show the
+                                 mtime, mode and owner their metadata headers say, from a HEAD before
+                                 the first stat (kept in cache_dir: once per object); listing: the
+                                 listing's size and time, no HEAD (default head)
           list_ahead=N           after readdir lists a directory, list up to N of its subdirectories
                                  at once ahead of find, du or rsync; 0 = off (default 8)
           meta_max_entries=N     keep the attributes of at most N names (files of the directories used

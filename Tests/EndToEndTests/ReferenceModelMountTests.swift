@@ -580,12 +580,18 @@ final class MountModelRun {
         else { return }
         // Now and then a file of several blocks and pages, whose reads go to the server.
         let data = bytes(Int.random(in: 0...(chance(0.3) ? 300_000 : 50), using: &random))
-        trace.append("another client PUTs \(data.count) bytes at \(relative), once nothing is owed")
+        // As other tools write (issue 38): two times in three an mtime in X-Object-Meta-Mtime as
+        // python-swiftclient writes it (six decimals), which every stat must show; else none.
+        let seconds = Int.random(in: 1_500_000_000...1_600_000_000, using: &random)
+        let micros = Int.random(in: 0..<1_000_000, using: &random)
+        let metadata = chance(0.67) ? ["mtime": String(format: "%d.%06d", seconds, micros)] : [:]
+        trace.append("another client PUTs \(data.count) bytes at \(relative) with \(metadata), once nothing is owed")
         try waitUntilNothingOwed()
         let old = tree[relative]?.bytes
-        try store.put(key: relative, body: .bytes(data), contentType: "application/octet-stream", metadata: [:])
+        try store.put(key: relative, body: .bytes(data), contentType: "application/octet-stream", metadata: metadata)
         let object = Object(.file, mode: 0o644)
         object.bytes = data
+        if !metadata.isEmpty { object.mtime = timespec(tv_sec: seconds, tv_nsec: micros * 1000) }
         tree[relative] = object
         if let old, chance(0.5) {
             try readOldOrNew(relative, old: old, new: data)

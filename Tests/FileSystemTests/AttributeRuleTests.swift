@@ -18,6 +18,9 @@ struct AttributeRuleTests {
 
     func makeFilesystem(_ store: any ObjectStore, attributeWriteDelay: Double = 3600) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        // (The seeds are other tools' objects, described here by their listings: this suite is about
+        // the attribute rule, not where their attributes come from; PrefetchTests and ForeignAttributeTests are.)
+        configuration.foreignAttributes = .listing
         configuration.spoolDirectory = temporary.path + "/spool"
         configuration.pendingRetrySeconds = 3600
         // 3600: no timer fires during a test; `storeOwedAttributes()` stands for the delay passing.

@@ -77,6 +77,9 @@ struct BoundTests {
 
     func makeFilesystem(_ store: any ObjectStore, maximumEntries: Int, attributeWriteDelay: Double = 1) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        // (The seeds are other tools' objects, described here by their listings: this suite is about
+        // the bound on names, not where their attributes come from; PrefetchTests and ForeignAttributeTests are.)
+        configuration.foreignAttributes = .listing
         configuration.maximumEntries = maximumEntries
         configuration.metadataPrefetchLimit = 0
         configuration.listAhead = 0

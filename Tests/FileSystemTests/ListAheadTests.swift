@@ -30,6 +30,9 @@ struct ListAheadTests {
 
     func makeFilesystem(_ store: any ObjectStore, listAhead: Int = 8, clock: ManualClock? = nil) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        // (The seeds are other tools' objects, described here by their listings: this suite is about
+        // the listings ahead, not where their attributes come from; PrefetchTests and ForeignAttributeTests are.)
+        configuration.foreignAttributes = .listing
         configuration.listAhead = listAhead
         if let clock { configuration.clock = { clock.now } }
         configuration.metadataPrefetchLimit = 0

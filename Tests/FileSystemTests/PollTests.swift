@@ -26,6 +26,9 @@ struct PollTests {
         init() {
             store = FaultInjectingStore(fake)
             var configuration = FilesystemConfiguration()
+            // (The seeds are other tools' objects, described here by their listings: this suite is about
+            // the polls, not where their attributes come from; PrefetchTests and ForeignAttributeTests are.)
+            configuration.foreignAttributes = .listing
             configuration.spoolDirectory = TestScratch.directory + "cssp-poll-spool-" + UUID().uuidString
             configuration.directoryCacheSeconds = 60
             configuration.attributeCacheSeconds = 1

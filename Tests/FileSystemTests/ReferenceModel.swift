@@ -1,3 +1,4 @@
+import BlockCache
 import Foundation
 import Locking
 import Logging
@@ -55,6 +56,9 @@ final class ModelObject {
     var gid: UInt32
     /// nil: set by the filesystem to "now" (a write), so not compared.
     var mtime: Timestamp?
+    /// Another tool wrote it without a time the mount reads (issue 38): the first stat's mtime
+    /// is what every later stat must show until something writes it.
+    var mtimeFromFirstStat = false
     var target = ""
 
     init(kind: NodeKind, mode: UInt16, uid: UInt32, gid: UInt32) {
@@ -272,6 +276,14 @@ final class ReferenceModelRun {
             configuration.partSize = 16
         }
         configuration.metadataPrefetchLimit = Bool.random(using: &random) ? 0 : 100
+        // Other tools' objects (issue 38): one seed in six shows the listing's attributes; the
+        // rest HEAD them, half of those keeping the answers in a metadata index across remounts.
+        if seed % 6 == 5 {
+            configuration.foreignAttributes = .listing
+        } else if seed % 12 < 6 {
+            configuration.metadataIndex = MetadataIndex.open(
+                path: spoolDirectory + "-meta.db", identity: "model", logger: Self.quietLogger)
+        }
         // Two seeds in five write back (issue 20): closes journal and return; the queue never
         // runs (delay an hour: fsync, renames and the next mount's recovery store files) or
         // runs at once, beside the operations.
@@ -305,6 +317,7 @@ final class ReferenceModelRun {
     deinit {
         kernel.fs.shutdown()
         try? FileManager.default.removeItem(atPath: spoolDirectory)
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: spoolDirectory + "-meta.db" + suffix) }
     }
 
     // MARK: Random choices
@@ -938,14 +951,26 @@ final class ReferenceModelRun {
             tree.objects[path]?.kind ?? .file == .file
         else { return }
         let data = bytes(Int.random(in: 0...40, using: &random))
-        try step("another client PUTs \(data.count) bytes at \(path)") {
+        // As other tools write (issue 38): swiftclient an mtime with six decimals, rclone nine
+        // and a mode as an octal st_mode, curl nothing; none in the content type.
+        let mtime = Timestamp(
+            seconds: Int64.random(in: 1_500_000_000...1_600_000_000, using: &random),
+            nanoseconds: Int32.random(in: 0..<1000, using: &random) * 1000)
+        var metadata: [String: String] = [:]
+        let style = Int.random(in: 0..<3, using: &random)
+        if style == 0 { metadata["mtime"] = String(mtime.description.dropLast(3)) }
+        if style == 1 { metadata = ["mtime": mtime.description, "mode": "100600"] }
+        let fromHeaders = configuration.foreignAttributes == .head
+        try step("another client PUTs \(data.count) bytes at \(path) with metadata \(metadata)") {
             // A delete of the key this mount sent already may have checked the version before
             // this PUT and delete it after, as any DELETE would (DeleteQueue subtlety 5): the
             // other client writes once the mount's delete of the key is done. (A PUT while the
             // delete is still queued is WriteBackDeleteTests' subject.)
             try? kernel.fs.deletes.settle(path)
-            store.seed(path, data)
-            let object = ModelObject(kind: .file, mode: 0o644, uid: 0, gid: 0)
+            store.seed(path, data, metadata: metadata)
+            let object = ModelObject(kind: .file, mode: fromHeaders && style == 1 ? 0o600 : 0o644, uid: 0, gid: 0)
+            object.mtime = fromHeaders && style != 2 ? mtime : nil
+            object.mtimeFromFirstStat = object.mtime == nil
             object.bytes = data
             tree.objects[path] = object
             clock.advance(10)
@@ -1053,6 +1078,10 @@ final class ReferenceModelRun {
         }
         if attributes.uid != object.uid || attributes.gid != object.gid {
             throw fail("\(path) is owned by \(attributes.uid):\(attributes.gid), expected \(object.uid):\(object.gid)")
+        }
+        if object.mtime == nil && object.mtimeFromFirstStat {
+            object.mtime = attributes.modified
+            object.mtimeFromFirstStat = false
         }
         if let mtime = object.mtime, attributes.modified != mtime {
             throw fail("\(path) has mtime \(attributes.modified), expected \(mtime)")

@@ -242,6 +242,11 @@ struct FilesystemWriteTests {
         #expect(Timestamp(parsing: "1700000000.5") == Timestamp(seconds: 1_700_000_000, nanoseconds: 500_000_000))
         #expect(Timestamp(parsing: "12") == Timestamp(seconds: 12, nanoseconds: 0))
         #expect(Timestamp(parsing: "x.5") == nil)
+        // As swiftclient (six decimals) and past nanoseconds (the rest ignored); not numbers.
+        #expect(Timestamp(parsing: "1700000000.000001") == Timestamp(seconds: 1_700_000_000, nanoseconds: 1000))
+        #expect(Timestamp(parsing: "1.1234567891234") == Timestamp(seconds: 1, nanoseconds: 123_456_789))
+        #expect(Timestamp(parsing: "+7") == Timestamp(seconds: 7, nanoseconds: 0))
+        for bad in ["", "-", "1.", ".5", "1.x", "1 ", "1e9", "99999999999999999999"] { #expect(Timestamp(parsing: bad) == nil, "\(bad)") }
         let parsed = StoredAttributes.parse(contentType: "text/plain; charset=utf-8;cssp-mode=0640;cssp-mtime=5.000000001")
         #expect(parsed.base == "text/plain; charset=utf-8")
         #expect(parsed.attributes.mode == 0o640)
