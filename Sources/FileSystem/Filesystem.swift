@@ -104,10 +104,10 @@ public final class Filesystem: Sendable {
         var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
         /// Passes asking the kernel to forget names (`Filesystem+Bound`).
         var bound = BoundState()
-        /// The listing a readdir is reading from the server, by directory, and when it started,
-        /// until it is remembered: a lookup of a name it showed within `dir_timeout` takes the
-        /// entry from it (`ls -l` of a directory too large to remember whole stats each name
-        /// while reading it).
+        /// The listing a readdir is reading from the server, by directory, and when a readdir last
+        /// read from it, until it is remembered: a lookup of a name it showed takes the entry
+        /// from it while readdirs go on, up to `dir_timeout` after the last (`ls -l` of a
+        /// directory too large to remember whole stats each name while reading it).
         var readers: [InodeNumber: (reader: DirectoryReader, at: Double)] = [:]
 
         /// Drops the listings of directories the inode table no longer holds, and keeps the
@@ -899,6 +899,9 @@ public final class Filesystem: Sendable {
         let parent = state.withLock { s in
             s.directories.touch(inode)
             s.directories.noteNamesUsed(inode, now: now())
+            // A reader still being read serves lookups (`State.readers`): `ls -l` of 200 000
+            // names reads for minutes when each needs a HEAD.
+            if s.readers[inode]?.reader === reader { s.readers[inode]?.at = now() }
             return s.inodes[inode]?.parent
         } ?? Self.rootInode
         if offset == 0 && !emit(.dot(".", inode), 1) { return }

@@ -19,9 +19,11 @@ struct ForeignAttributeTests {
     let scratch = TemporaryDirectory("cssp-foreign")
 
     func makeFilesystem(
-        _ store: any ObjectStore, _ foreign: ForeignAttributes = .head, index: String? = nil, clock: ManualClock? = nil
+        _ store: any ObjectStore, _ foreign: ForeignAttributes = .head, index: String? = nil, clock: ManualClock? = nil,
+        pageSize: Int = 10_000
     ) -> Filesystem {
         var configuration = FilesystemConfiguration()
+        configuration.listPageSize = pageSize
         configuration.spoolDirectory = scratch.child("spool")
         configuration.foreignAttributes = foreign
         if let clock { configuration.clock = { clock.now } }
@@ -287,5 +289,38 @@ struct ForeignAttributeTests {
                 DirectoryBuilder.directory("b", key: "p/b/"),
             ])
         #expect(["a.txt", "a", "a0", "b", "c", "a/", ""].map(entries.sortedPosition) == [0, 1, 2, 3, nil, nil, nil])
+    }
+
+    @Test func lsOfALongListingTakesEachNameFromTheReadersPagesHoweverLongItReads() throws {
+        let fake = FakeObjectStore()
+        for i in 0..<300 { seedForeign(fake, String(format: "d/f%03d", i)) }
+        let (store, lists) = recordingCalls(of: .list, in: fake)
+        let clock = ManualClock()
+        let fs = makeFilesystem(store, clock: clock, pageSize: 50)
+        defer { fs.shutdown() }
+        let d = try fs.lookup(parent: root, name: "d").inode
+        lists.withLock { $0 = [] }
+        // ls -l: a batch of names, their lookups, the next batch; reading outlasts dir_timeout.
+        let handle = try fs.opendir(d)
+        defer { fs.releasedir(handle: handle) }
+        var offset: Int64 = 0
+        var seen = 0
+        while true {
+            var batch: [String] = []
+            try fs.readdirplus(d, handle: handle, offset: offset) { name, _, _, _, next in
+                guard batch.count < 20 else { return false }
+                offset = next
+                if name != "." && name != ".." { batch.append(name) }
+                return true
+            }
+            if batch.isEmpty { break }
+            for name in batch { #expect(try fs.lookup(parent: d, name: name).modified == Self.headerTime) }
+            seen += batch.count
+            clock.advance(1)
+        }
+        fs.waitForPrefetch()
+        #expect(seen == 300)
+        // The readdir's own six pages (and the empty one after), no listing per lookup.
+        #expect(lists.withLock { $0 }.count <= 7, "\(lists.withLock { $0 })")
     }
 }
