@@ -624,7 +624,7 @@ passes() {
 }
 
 # CHECKs of passes: what rsync -an would send; the lines of ls -l of the flat directory.
-rsync_sent() { record "$1_sent" "$(awk -F': ' '/^Number of regular files transferred/ { print $2 }' "$WORK/walk.out")"; }
+rsync_sent() { record "$1_sent" "$(awk -F': ' '/^Number of regular files transferred/ { gsub(",", "", $2); print $2 }' "$WORK/walk.out")"; }
 flat_lines() {
     local n
     n=$(wc -l <"$WORK/walk.out")
