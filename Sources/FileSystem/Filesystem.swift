@@ -104,10 +104,10 @@ public final class Filesystem: Sendable {
         var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
         /// Passes asking the kernel to forget names (`Filesystem+Bound`).
         var bound = BoundState()
-        /// The listing a readdir is reading from the server, by directory, and when a readdir last
-        /// read from it, until it is remembered: a lookup of a name it showed takes the entry
-        /// from it while readdirs go on, up to `dir_timeout` after the last (`ls -l` of a
-        /// directory too large to remember whole stats each name while reading it).
+        /// The listing a readdir is reading from the server, by directory, and when a readdir or a
+        /// lookup last used it, until it is remembered: a lookup of a name it showed takes the
+        /// entry from it while it is in use, up to `dir_timeout` after the last use (`ls -l` of
+        /// a directory too large to remember whole stats each name while reading it).
         var readers: [InodeNumber: (reader: DirectoryReader, at: Double)] = [:]
 
         /// Drops the listings of directories the inode table no longer holds, and keeps the
@@ -393,6 +393,8 @@ public final class Filesystem: Sendable {
                 return .table(listing.entries, askedAt: listing.askedAt, since: s.directories.changeCount(parent))
             }
             guard let (reader, at) = s.readers[parent], now() - at <= configuration.directoryCacheSeconds else { return nil }
+            // In use: `ls -l` reads 6 000 names with one getdents (1 MiB), then stats each.
+            s.readers[parent]?.at = now()
             return .reader(reader)
         }
         var listed: (entry: DirectoryEntry?, askedAt: UInt64, since: UInt64)? = nil
