@@ -31,9 +31,9 @@ import Synchronization
 /// 3. HEADs queued or running and answers are separate tables: answers are bounded
 ///    (`prefetchTableLimit`, `foreignTableLimit` for foreign files, whose answers are in the
 ///    index too and used within a moment; when full, all are dropped at once), the queue by the
-///    window and by `metadataPrefetchLimit` per listing. (One table of both, with every answer recorded while
-///    50 000 HEADs waited, scanned the whole table at each answer: a walk of 100 000 foreign
-///    objects slowed to 40 names a second, issue 38.)
+///    window and by `metadataPrefetchLimit` per listing. (One table of both, with every answer
+///    recorded while 50 000 HEADs waited, scanned the whole table at each answer: a walk of
+///    100 000 foreign objects slowed to 40 names a second, issue 38.)
 /// 4. Answers of foreign files also go to the metadata index (`MetadataIndex`, SQLite in
 ///    `cache_dir`), by key, ETag and time, so that a later mount needs no HEAD for an unchanged
 ///    object; a lookup or readdirplus asks the index before a HEAD.
