@@ -101,17 +101,13 @@ public final class MetadataIndex: Sendable {
             logger.warning("metadata index \(path) cannot be used, other tools' objects are HEADed again: \(error)")
             return nil
         }
-        removeFiles(path)
+        BlockCache.removeFiles(path)
         do {
             return try MetadataIndex(path: path, identity: identity, logger: logger)
         } catch {
             logger.warning("metadata index \(path) cannot be made again: \(error)")
             return nil
         }
-    }
-
-    static func removeFiles(_ path: String) {
-        for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
     }
 
     private init(path: String, identity: String, logger: Logger) throws(SQLiteError) {
@@ -310,7 +306,7 @@ public final class MetadataIndex: Sendable {
         s.select = nil
         s.reader = nil
         (s.pending, s.forgottenPrefixes, s.writing, s.writingPrefixes) = ([:], [], [:], [])
-        if error.isDamage { Self.removeFiles(path) }
+        if error.isDamage { BlockCache.removeFiles(path) }
     }
 
     /// Metadata as `name NUL value NUL` pairs (header names and values hold no NUL).
