@@ -104,10 +104,13 @@ public final class Filesystem: Sendable {
         var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
         /// Passes asking the kernel to forget names (`Filesystem+Bound`).
         var bound = BoundState()
-        /// The listing a readdir is reading from the server, by directory, and when a readdir or a
-        /// lookup last used it, until it is remembered: a lookup of a name it showed takes the
-        /// entry from it while it is in use, up to `dir_timeout` after the last use (`ls -l` of
-        /// a directory too large to remember whole stats each name while reading it).
+        /// The listing a readdir reads from the server, by directory, and when a readdir or a
+        /// lookup last used it, until its handle is closed or another readdir replaces it: a
+        /// lookup of a name it showed takes the entry from it while it is in use, up to
+        /// `dir_timeout` after the last use, when no remembered listing is fresh. `ls -l` of
+        /// 200 000 names stats each as it reads, 6 000 names a getdents, and stats the last
+        /// 6 000 after the listing is complete and remembered: longer than `dir_timeout` when
+        /// each needs a HEAD.
         var readers: [InodeNumber: (reader: DirectoryReader, at: Double)] = [:]
 
         /// Drops the listings of directories the inode table no longer holds, and keeps the
@@ -389,13 +392,17 @@ public final class Filesystem: Sendable {
             case reader(DirectoryReader)
         }
         let source: Source? = state.withLock { s in
+            // A reader in use stays in use while lookups go on, whichever source serves them:
+            // `ls -l` reads 6 000 names with one getdents (1 MiB), then stats each.
+            var reader: DirectoryReader? = nil
+            if let (inUse, at) = s.readers[parent], now() - at <= configuration.directoryCacheSeconds {
+                reader = inUse
+                s.readers[parent]?.at = now()
+            }
             if let listing = s.directories.listing(parent, now: now(), maximumAge: configuration.directoryCacheSeconds) {
                 return .table(listing.entries, askedAt: listing.askedAt, since: s.directories.changeCount(parent))
             }
-            guard let (reader, at) = s.readers[parent], now() - at <= configuration.directoryCacheSeconds else { return nil }
-            // In use: `ls -l` reads 6 000 names with one getdents (1 MiB), then stats each.
-            s.readers[parent]?.at = now()
-            return .reader(reader)
+            return reader.map { .reader($0) }
         }
         var listed: (entry: DirectoryEntry?, askedAt: UInt64, since: UInt64)? = nil
         // The entries after the name's, for the HEADs ahead of the program (`prefetchAhead`).
@@ -970,7 +977,6 @@ public final class Filesystem: Sendable {
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
             return state.withLock { s in
-                if s.readers[inode]?.reader === reader { s.readers[inode] = nil }
                 let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
                 // What the reader's entries show, and what this mount recorded that they lack:
                 // a fresh listing's table has the changes; a remembered listing's entries are
