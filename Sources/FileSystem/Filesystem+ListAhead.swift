@@ -24,13 +24,28 @@ import ObjectStore
 ///    `dir_timeout` dropped (no longer usable), at most `listAheadBacklogLimit` directories
 ///    waiting, and a directory larger than `listAheadEntryLimit` entries is left to its readdir.
 ///    Failures are dropped silently: the readdir lists by itself and reports its own error.
+///    Once a listing expires unused, the walk is slower than its listings, and the window
+///    follows its pace for `pacedSeconds`: half the directories its readdirs reached in the last
+///    `dir_timeout` (at least 2), so that what is fetched is used well before it expires.
+///    (`du` of other tools' objects HEADs each file: 3 directories a second; a window of 256
+///    fetched listings that expired unused, and every directory was listed twice, issue 38.)
 /// 4. A directory's attributes live on its `dir/` marker, which the lookup before its readdir
 ///    HEADs (or takes from `prefetchMetadata`). A listing of `dir/` shows the marker too, so one
 ///    that does not show it answers that HEAD: no marker (the layout other tools leave), one
 ///    round trip fewer per directory.
+/// 5. A listing of a parent made again (its own expired: a slow walk looks its subdirectories
+///    up again as it goes into each) queues only the subdirectories after the one its walk last
+///    read (within `lookupListingWindow`): the walk has passed the others. (`du` of 1 000
+///    directories listed the first ones again each time, up to 6 times, issue 38.)
+/// 6. A listing that expires unused (a walk slower than its listings: a walk listing's pages
+///    hold a hundred directories each) is queued again, once, and fetched again as the window
+///    reaches it: the walk's readdir takes it instead of listing by itself, and the lookup
+///    before that readdir finds its marker's answer fresh instead of HEADing it.
 extension Filesystem {
     static let listAheadBacklogLimit = 100_000
     static let listAheadEntryLimit = 10_000
+    static let listAheadMinimumWindow = 2
+    static let pacedSeconds: Double = 60
 
     struct AheadListing: Sendable {
         var entries: PackedEntries
@@ -69,14 +84,60 @@ extension Filesystem {
         /// The fetched ones, oldest first, with when they started (some may be used already).
         var fetched: [(key: ExactString, startedAt: Double)] = []
         var fetchedNext = 0
+        /// When readdirs of a directory started, oldest first, those of the last `dir_timeout`
+        /// from `reachedNext` on: the walk's pace (subtlety 3).
+        var reachedAt: [Double] = []
+        var reachedNext = 0
+        /// Directories whose listings expired unused and were queued again (subtlety 6).
+        var requeued: Set<ExactString> = []
+        /// Per parent directory, the subdirectory a readdir last read, and when (subtlety 5).
+        var lastRead: [ExactString: (key: String, at: Double)] = [:]
 
-        /// Drops fetched listings that started more than `maximumAge` before `now`.
+        /// Notes that a readdir of a directory started at `now`.
+        mutating func noteReached(now: Double, maximumAge: Double) {
+            reachedAt.append(now)
+            while reachedNext < reachedAt.count, now - reachedAt[reachedNext] > maximumAge { reachedNext += 1 }
+            if reachedNext > 1_024 && reachedNext * 2 > reachedAt.count {
+                reachedAt.removeFirst(reachedNext)
+                reachedNext = 0
+            }
+        }
+
+        /// When a listing last expired unused (subtlety 3).
+        var expiredAt = -Double.infinity
+
+        /// Listings held at most: `limit`, or, for a while after a listing expired unused, half
+        /// those the walk reached lately (at least `minimum`) (subtlety 3).
+        func window(minimum: Int, limit: Int, now: Double) -> Int {
+            guard now - expiredAt <= Filesystem.pacedSeconds else { return limit }
+            return min(limit, max(minimum, (reachedAt.count - reachedNext) / 2))
+        }
+
+        /// Drops fetched listings that started more than `maximumAge` before `now`; those no
+        /// readdir used are queued again, once (subtlety 6).
         mutating func expire(now: Double, maximumAge: Double) {
+            var again: [DirectoryEntry] = []
             while fetchedNext < fetched.count, now - fetched[fetchedNext].startedAt > maximumAge {
                 let (key, startedAt) = fetched[fetchedNext]
                 fetchedNext += 1
                 // (A later listing of the same directory has a record of its own.)
-                _ = take(key, startedAt: startedAt)
+                guard take(key, startedAt: startedAt) else { continue }
+                expiredAt = now
+                if !stopped, waiting < Filesystem.listAheadBacklogLimit {
+                    if requeued.count >= Filesystem.listAheadBacklogLimit { requeued = [] }
+                    guard requeued.insert(key).inserted else { continue }
+                    let name = key.string.dropLast().split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? ""
+                    slots[key] = .queued
+                    again.append(DirectoryBuilder.directory(name, key: key.string))
+                }
+            }
+            if let last = batches.indices.last, let first = batches[last].entries.first, requeued.contains(first.key.exact) {
+                // After those queued again before, which the walk reaches first.
+                batches[last].entries += again
+                waiting += again.count
+            } else if !again.isEmpty {
+                batches.append((again, 0))
+                waiting += again.count
             }
             if fetchedNext > 1_024 && fetchedNext * 2 > fetched.count {
                 fetched.removeFirst(fetchedNext)
@@ -146,9 +207,17 @@ extension Filesystem {
     func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
         let width = configuration.listAhead
         guard width > 0, configuration.directoryCacheSeconds > 0 else { return }
-        let listed = entries.lazy.filter { $0.kind == .directory }
-        guard !listed.isEmpty else { return }
         let now = self.now()
+        // Past the subdirectory the walk last read (subtlety 5).
+        let passed: String? = entries.first.flatMap { first in
+            listingsAhead.withLock { a in
+                a.lastRead[Self.parentKey(of: first.key).exact].flatMap { now - $0.at <= Self.lookupListingWindow ? $0.key : nil }
+            }
+        }
+        let listed = entries.lazy.filter { entry in
+            entry.kind == .directory && passed.map { $0.utf8.lexicographicallyPrecedes(entry.key.utf8) } ?? true
+        }
+        guard !listed.isEmpty else { return }
         let directories: [DirectoryEntry] = state.withLock { s in
             listed.filter { directory in
                 guard let node = s.inodes.child(parent, directory.name), node.kind == .directory else { return true }
@@ -183,7 +252,8 @@ extension Filesystem {
             let claimed: (DirectoryEntry, DispatchGroup)? = listingsAhead.withLock { a in
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
                 // Far enough ahead: a readdir that uses a listing starts a worker again.
-                while !a.stopped && a.held < configuration.listAheadWindow, let directory = a.nextWaiting() {
+                let window = a.window(minimum: Self.listAheadMinimumWindow, limit: configuration.listAheadWindow, now: now)
+                while !a.stopped && a.held < window, let directory = a.nextWaiting() {
                     // A readdir may have taken the directory over (subtlety 2).
                     guard case .queued? = a.slots[directory.key.exact] else { continue }
                     let group = DispatchGroup()
@@ -240,7 +310,13 @@ extension Filesystem {
     func readerFromListingAhead(_ directory: Node, dropQueued: Bool = true) -> DirectoryReader? {
         guard configuration.listAhead > 0 else { return nil }
         let key = directory.key.exact
-        var slot = listingsAhead.withLock { $0.slots[key] }
+        let started = now()
+        var slot = listingsAhead.withLock { a in
+            // (Those expired are queued again now, subtlety 6: the workers take them as the
+            // window moves on.)
+            a.expire(now: started, maximumAge: configuration.directoryCacheSeconds)
+            return a.slots[key]
+        }
         // A listing under way, or a walk listing that has not reached the directory yet.
         let deadline = DispatchTime.now() + Self.lookupListingWait
         var waitedForWalk = false
@@ -273,7 +349,9 @@ extension Filesystem {
             let (start, lanes): (Int, [WalkListing]) = listingsAhead.withLock { a in
                 if dropQueued, case .queued? = a.slots[key] { a.clear(key) }
                 a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
-                if a.held >= configuration.listAheadWindow { a.makeRoom() }
+                if a.held >= a.window(minimum: Self.listAheadMinimumWindow, limit: configuration.listAheadWindow, now: now) {
+                    a.makeRoom()
+                }
                 return a.stopped ? (0, []) : (a.startable(width: configuration.listAhead), resumableWalk(&a))
             }
             startListAheadWorkers(start)
@@ -299,6 +377,18 @@ extension Filesystem {
                     removedHere: s.directories.removedHere(directory.inode, now: now()),
                     startedAt: s.directories.changeCount(directory.inode), askedAt: listing.askedAt)
             }
+        }
+    }
+
+    /// A readdir of `directory` from its start: the walk's pace (subtlety 3) and where it is
+    /// among its parent's subdirectories (subtlety 5).
+    func noteReaddir(of directory: Node) {
+        guard configuration.listAhead > 0, directory.inode != Self.rootInode else { return }
+        let now = self.now()
+        listingsAhead.withLock { a in
+            a.noteReached(now: now, maximumAge: configuration.directoryCacheSeconds)
+            if a.lastRead.count > 1_000 { a.lastRead = [:] }
+            a.lastRead[Self.parentKey(of: directory.key).exact] = (directory.key, now)
         }
     }
 

@@ -792,6 +792,7 @@ public final class Filesystem: Sendable {
     /// The listing of `directory` as it is now: a remembered one younger than dir_timeout (which
     /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
     private func directoryReader(_ directory: Node) -> DirectoryReader {
+        noteReaddir(of: directory)
         let remembered: (PackedEntries, askedAt: UInt64, count: UInt64)? = state.withLock { s in
             guard
                 let listing = s.directories.listing(

@@ -223,6 +223,51 @@ struct ForeignAttributeTests {
         #expect(files() == ["d/f07"])
     }
 
+    /// du: readdirplus of a directory, a lookup of each subdirectory (its marker), then into
+    /// each: the kernel looks it up again (its entry aged), readdirplus, a lookup of each file.
+    /// Other tools write no markers. A walk much longer than dir_timeout, at the pace of the
+    /// HEADs: each directory is listed at most three times (ahead, ahead again once that
+    /// expired, by its readdir) and each marker HEADed at most twice. (`du` of 1 000 directories listed
+    /// the tree's root again every 5 s, queued every subdirectory again each time, and listed
+    /// some 6 times; 5 651 marker HEADs, issue 38.)
+    @Test func duListsEachDirectoryAFewTimesAtMost() throws {
+        let fake = FakeObjectStore()
+        let (directories, files) = (30, 60)
+        for d in 0..<directories {
+            for f in 0..<files { seedForeign(fake, String(format: "t/d%03d/f%03d", d, f)) }
+        }
+        let calls = Locked<[(FaultInjectingStore.Call.Operation, String)]>([])
+        let store = FaultInjectingStore(fake) { call in
+            calls.withLock { $0.append((call.operation, call.key)) }
+            return .none
+        }
+        let clock = ManualClock()
+        let fs = makeFilesystem(store, clock: clock)
+        defer { fs.shutdown() }
+        let t = try fs.lookup(parent: root, name: "t").inode
+        var inodes: [(String, InodeNumber)] = []
+        for name in try plus(fs, t).keys.sorted() { inodes.append((name, try fs.lookup(parent: t, name: name).inode)) }
+        for (name, inode) in inodes {
+            #expect(try fs.lookup(parent: t, name: name).inode == inode)
+            for file in try plus(fs, inode).keys.sorted() {
+                #expect(try fs.lookup(parent: inode, name: file).modified == Self.headerTime)
+                // (100 HEADs a second: the walk takes 18 s on this clock, dir_timeout 5 s.)
+                clock.advance(1 / 100)
+            }
+        }
+        fs.waitForPrefetch()
+        fs.waitForListingsAhead()
+        let recorded = calls.withLock { $0 }
+        func most(_ operation: FaultInjectingStore.Call.Operation, _ isCounted: (String) -> Bool) -> (String, Int)? {
+            Dictionary(grouping: recorded.filter { $0.0 == operation && isCounted($0.1) }, by: \.1).mapValues(\.count).max { $0.value < $1.value }
+        }
+        let listed = most(.list) { $0.hasPrefix("t/d") }
+        #expect(listed.map { $0.1 <= 3 } ?? false, "\(String(describing: listed))")
+        let headed = most(.head) { $0.hasPrefix("t/d") && $0.hasSuffix("/") }
+        #expect(headed.map { $0.1 <= 2 } ?? false, "\(String(describing: headed))")
+        #expect(recorded.filter { $0.0 == .head && $0.1.contains("/f") }.count == directories * files)
+    }
+
     @Test func anIndexAnswerDoesNotUndoANewerVersion() throws {
         let store = FakeObjectStore()
         seedForeign(store, "d/f")
