@@ -9,8 +9,8 @@ import Glibc
 /// daemon frees for its next allocations: a listing read and parsed page by page, a walk's pages
 /// held ahead, a reader's copies, all freed once the listing is remembered, left the daemon's
 /// resident memory near its peak for the mount's life (issue 21: after `ls -l` of 200 000 names
-/// about 190 bytes an entry resident, 160 once trimmed; docs/decisions.md "Memory per entry,
-/// step 3").
+/// about 190 bytes an entry resident, 160 once trimmed; docs/decisions/0103-heap-trim.md, its
+/// figures in 0102-eighty-byte-nodes.md).
 /// Twice a second the bytes in malloc's free chunks are sampled; when they moved by more than
 /// `quiet` since the last sample, work is under way; at the first sample after work at which
 /// they did not, the free chunks' pages go back (malloc_trim: a walk of the free chunks and a
