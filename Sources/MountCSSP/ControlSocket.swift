@@ -232,7 +232,7 @@ enum MountTable {
         var mounts: [(path: String, owner: uid_t)] = []
         var line = [CChar](repeating: 0, count: 8192)
         while fgets(&line, Int32(line.count), file) != nil {
-            let fields = String(cString: line).split(separator: " ")
+            let fields = text(line).split(separator: " ")
             guard fields.count >= 4, fields[2] == "fuse.cssp" else { continue }
             var owner: uid_t = 0
             for option in fields[3].split(separator: ",") where option.hasPrefix("user_id=") {
@@ -243,20 +243,25 @@ enum MountTable {
         return mounts
     }
 
+    /// The NUL-terminated text in `chars`.
+    private static func text(_ chars: [CChar]) -> String {
+        chars.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+    }
+
     /// `path` as /proc/mounts shows it: resolved with realpath, or (`resolvingLast` false, for a
     /// dead mount that cannot be looked at) its parent resolved and its own name appended.
     static func canonical(_ path: String, resolvingLast: Bool) -> String? {
         var resolved = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
         if resolvingLast {
             guard realpath(path, &resolved) != nil else { return nil }
-            return String(cString: resolved)
+            return text(resolved)
         }
         var trimmed = Substring(path)
         while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed = trimmed.dropLast() }
         guard let slash = trimmed.lastIndex(of: "/") else { return nil }
         let parent = slash == trimmed.startIndex ? "/" : String(trimmed[..<slash])
         guard realpath(parent, &resolved) != nil else { return nil }
-        let base = String(cString: resolved)
+        let base = text(resolved)
         return (base == "/" ? "" : base) + "/" + trimmed[trimmed.index(after: slash)...]
     }
 

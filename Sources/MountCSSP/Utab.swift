@@ -1,6 +1,6 @@
 import CMount
-import Foundation
 import Logging
+import MountCSSPConfig
 
 #if canImport(Glibc)
 import Glibc
@@ -75,7 +75,7 @@ enum Utab {
     /// detached by hand (`fusermount3 -u`) leaves its line with nobody to remove it. Each mount
     /// sweeps them.
     static func forgetStaleLines(logger: Logger) {
-        guard let text = try? String(contentsOfFile: "/run/mount/utab", encoding: .utf8) else { return }
+        guard let text = WholeFile.text("/run/mount/utab") else { return }
         var targets: Set<String> = []
         for line in text.split(separator: "\n") where line.contains("helper=cssp") {
             guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("TARGET=") }) else { continue }
@@ -113,7 +113,7 @@ enum Utab {
     /// escapes. (libmount 2.38 reads utab's lines when asked for a table of it, but finds no
     /// target among them.)
     static func utabHasLine(_ file: String, for target: String) -> Bool {
-        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else { return false }
+        guard let text = WholeFile.text(file) else { return false }
         let escaped = " TARGET=" + escapedForTable(target) + " "
         return text.split(separator: "\n").contains { $0.contains(escaped) }
     }
@@ -123,7 +123,9 @@ enum Utab {
         var out = ""
         for scalar in path.unicodeScalars {
             switch scalar {
-            case " ", "\t", "\n", "\\": out += "\\" + String(format: "%03o", scalar.value)
+            case " ", "\t", "\n", "\\":
+                let octal = String(scalar.value, radix: 8)
+                out += "\\" + String(repeating: "0", count: max(0, 3 - octal.count)) + octal
             default: out.unicodeScalars.append(scalar)
             }
         }

@@ -39,18 +39,10 @@ public enum CredentialLoader {
             guard (st.st_mode & S_IFMT) == S_IFREG else {
                 return .failure(ConfigurationError("passwd file \(path) is not a regular file"))
             }
-            guard let file = fopen(path, "r") else {
+            guard let text = WholeFile.text(path) else {
                 return .failure(ConfigurationError("cannot read passwd file \(path): \(String(cString: strerror(errno)))"))
             }
-            defer { fclose(file) }
-            var bytes = [UInt8]()
-            var buffer = [UInt8](repeating: 0, count: 4096)
-            while true {
-                let n = fread(&buffer, 1, buffer.count, file)
-                if n <= 0 { break }
-                bytes += buffer[0..<n]
-            }
-            return .success((String(decoding: bytes, as: UTF8.self), UInt32(st.st_mode)))
+            return .success((text, UInt32(st.st_mode)))
         }
     }
 
