@@ -25,8 +25,9 @@ import ObjectStore
 ///    waiting, and a directory larger than `listAheadEntryLimit` entries is left to its readdir.
 ///    Failures are dropped silently: the readdir lists by itself and reports its own error.
 ///    Once a listing expires unused, the walk is slower than its listings, and the window
-///    follows its pace for `pacedSeconds`: half the directories its readdirs reached in the last
-///    `dir_timeout` (at least 2), so that what is fetched is used well before it expires.
+///    follows its pace for `pacedSeconds`: half the directories whose listings it asked for
+///    (readdirs, and lookups' listings: rsync reads no directory) in the last `dir_timeout`
+///    (at least 2), so that what is fetched is used well before it expires.
 ///    (`du` of other tools' objects HEADs each file: 3 directories a second; a window of 256
 ///    fetched listings that expired unused, and every directory was listed twice, issue 38.)
 /// 4. A directory's attributes live on its `dir/` marker, which the lookup before its readdir
@@ -84,8 +85,8 @@ extension Filesystem {
         /// The fetched ones, oldest first, with when they started (some may be used already).
         var fetched: [(key: ExactString, startedAt: Double)] = []
         var fetchedNext = 0
-        /// When readdirs of a directory started, oldest first, those of the last `dir_timeout`
-        /// from `reachedNext` on: the walk's pace (subtlety 3).
+        /// When the walk asked for a directory's listing (`readerFromListingAhead`), oldest
+        /// first, those of the last `dir_timeout` from `reachedNext` on: its pace (subtlety 3).
         var reachedAt: [Double] = []
         var reachedNext = 0
         /// Directories whose listings expired unused and were queued again (subtlety 6).
@@ -93,7 +94,7 @@ extension Filesystem {
         /// Per parent directory, the subdirectory a readdir last read, and when (subtlety 5).
         var lastRead: [ExactString: (key: String, at: Double)] = [:]
 
-        /// Notes that a readdir of a directory started at `now`.
+        /// Notes that the walk asked for a directory's listing at `now`.
         mutating func noteReached(now: Double, maximumAge: Double) {
             reachedAt.append(now)
             while reachedNext < reachedAt.count, now - reachedAt[reachedNext] > maximumAge { reachedNext += 1 }
@@ -312,8 +313,10 @@ extension Filesystem {
         let key = directory.key.exact
         let started = now()
         var slot = listingsAhead.withLock { a in
-            // (Those expired are queued again now, subtlety 6: the workers take them as the
-            // window moves on.)
+            // A step of the walk, by a readdir or by a lookup's listing (rsync reads no
+            // directory): its pace (subtlety 3). Those expired are queued again now (subtlety 6):
+            // the workers take them as the window moves on.
+            a.noteReached(now: started, maximumAge: configuration.directoryCacheSeconds)
             a.expire(now: started, maximumAge: configuration.directoryCacheSeconds)
             return a.slots[key]
         }
@@ -380,13 +383,12 @@ extension Filesystem {
         }
     }
 
-    /// A readdir of `directory` from its start: the walk's pace (subtlety 3) and where it is
-    /// among its parent's subdirectories (subtlety 5).
+    /// A readdir of `directory` from its start: where the walk is among its parent's
+    /// subdirectories (subtlety 5).
     func noteReaddir(of directory: Node) {
         guard configuration.listAhead > 0, directory.inode != Self.rootInode else { return }
         let now = self.now()
         listingsAhead.withLock { a in
-            a.noteReached(now: now, maximumAge: configuration.directoryCacheSeconds)
             if a.lastRead.count > 1_000 { a.lastRead = [:] }
             a.lastRead[Self.parentKey(of: directory.key).exact] = (directory.key, now)
         }

@@ -13,7 +13,8 @@ struct WalkListingTests {
     let root = Filesystem.rootInode
 
     func makeFilesystem(
-        _ store: any ObjectStore, listAhead: Int = 8, pageSize: Int = 10_000, lanes: Int? = nil
+        _ store: any ObjectStore, listAhead: Int = 8, pageSize: Int = 10_000, lanes: Int? = nil,
+        clock: ManualClock = ManualClock()
     ) -> Filesystem {
         var configuration = FilesystemConfiguration()
         // (The seeds are other tools' objects, described here by their listings: with a HEAD per
@@ -21,10 +22,9 @@ struct WalkListingTests {
         configuration.foreignAttributes = .listing
         configuration.listAhead = listAhead
         if let lanes { configuration.walkLanes = lanes }
-        // (On a clock that stands still: under ThreadSanitizer or on a machine busy with other
-        // tests a walk of this tree outlasts dir_timeout, its listings ahead expire, and each
-        // directory is listed by itself.)
-        let clock = ManualClock()
+        // (On a clock that stands still unless the test moves it: under ThreadSanitizer or on a
+        // machine busy with other tests a walk of this tree outlasts dir_timeout, its listings
+        // ahead expire, and each directory is listed by itself.)
         configuration.clock = { clock.now }
         configuration.listPageSize = pageSize
         configuration.metadataPrefetchLimit = 0
@@ -184,6 +184,37 @@ extension WalkListingTests {
         let perDirectory = recorded.filter { $0.0 == .list && $0.1.hasPrefix("t/") && $0.1 != "t/" }
         #expect(markerHeads.count <= 10, "\(markerHeads.count) markers HEADed one by one")
         #expect(perDirectory.count <= FilesystemConfiguration().listAheadWindow + 12, "\(perDirectory.count) directories listed one by one")
+    }
+
+    /// rsync reads no directory: the listings its lookups ask for are the walk's steps. When it
+    /// is slower than the walk listing (listings expire unused), the window of listings ahead
+    /// follows its pace, as it follows readdirs', instead of falling to 2 (rsync -an of other
+    /// tools' objects with listing attributes: 6 s, then 15 s with the window at 2, issue 38).
+    @Test func lookupsListingsPaceTheWindowAsReaddirsDo() throws {
+        let fake = FakeObjectStore()
+        seedTree(fake)
+        let clock = ManualClock()
+        let fs = makeFilesystem(fake, clock: clock)
+        defer { fs.shutdown() }
+        let t = try fs.lookup(parent: root, name: "t")
+        let names = try fs.names(in: t.inode)
+        var directories: [InodeNumber] = []
+        for name in names {
+            let looked = try fs.lookup(parent: t.inode, name: name)
+            if looked.kind == .directory { directories.append(looked.inode) }
+        }
+        fs.waitForListingsAhead()
+        // 10 directories a second: 50 in dir_timeout; the walk listing's first ones expire.
+        for directory in directories {
+            // (Every directory but d317, which holds two others only, has an "a".)
+            _ = try? fs.lookup(parent: directory, name: "a")
+            clock.advance(0.1)
+        }
+        let window = fs.listingsAhead.withLock {
+            $0.window(minimum: Filesystem.listAheadMinimumWindow, limit: FilesystemConfiguration().listAheadWindow, now: clock.now)
+        }
+        #expect(fs.listingsAhead.withLock { $0.expiredAt } > 0, "no listing expired: the walk was not slower")
+        #expect(window >= 20, "window \(window)")
     }
 
     /// The walk listing runs in lanes, each a flat listing of a share of the subdirectories
