@@ -44,6 +44,11 @@ import ObjectStore
 ///    listing does. A server with cores to spare lists the lanes at once; more lanes than 2
 ///    fetch the last directories so early that rsync, which looks them up twice (every
 ///    directory of a level first, then their names), found them past `dir_timeout`.
+/// 7. Directories whose listings (a walk listing's too) expired unused are queued again one by
+///    one (`Filesystem+ListAhead`, subtlety 6) and never handed to another walk listing: the
+///    walk is slower than its listings there, and a second flat listing of the rest of the
+///    subtree expired in turn (`du` of 100 000 indexed objects: 10 s instead of 5 in two runs
+///    of five, with 20 flat pages instead of 10).
 extension Filesystem {
     static let walkAheadEntries = 200_000
 
@@ -155,8 +160,12 @@ extension Filesystem {
         if a.hits.count > 1_000 { a.hits = [:] }
         a.hits[parent.exact, default: 0] += 1
         guard a.hits[parent.exact]! >= configuration.walkListingAfter,
+            // (Not the directories queued again after their listings expired unused, subtlety 7:
+            // the walk is slower than its listings there.)
             let index = a.batches.lastIndex(where: { batch in
-                batch.entries.first.map { Self.parentKey(of: $0.key).utf8.elementsEqual(parent.utf8) } ?? false
+                batch.entries.first.map {
+                    Self.parentKey(of: $0.key).utf8.elementsEqual(parent.utf8) && !a.requeued.contains($0.key.exact)
+                } ?? false
             })
         else { return [] }
         // The waiting siblings after it become the walk listing's (their readdirs wait for its
