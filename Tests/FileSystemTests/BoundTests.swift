@@ -128,6 +128,28 @@ struct BoundTests {
         #expect(fs.configuration.metrics.entriesForgotten.value == Int64(asked.count))
     }
 
+    /// Names the kernel still used when it was asked to forget them (`ls -l` still reading) are
+    /// asked for again a second later although none went, then further apart (rule 3): an idle
+    /// mount stayed 50 names past its bound (BoundedMountTests, once in three runs).
+    @Test func namesTheKernelKeptAreAskedForAgain() throws {
+        let store = FakeObjectStore()
+        seed(store, directories: ["d1"], files: 80)
+        let fs = makeFilesystem(store, maximumEntries: 50)
+        defer { fs.shutdown() }
+        let kernel = Kernel(fs)
+        let directory = try kernel.lookup(root, "d1").inode
+        try kernel.readdirplus(directory)
+        // The kernel forgets none of them: all were in use.
+        kernel.forgetAsked(keeping: Set(kernel.held.withLock { $0.values.map(\.inode) }))
+        #expect(nodeCount(fs) > 50)
+        // The check a second after the pass (its timer).
+        fs.boundNodes(followUp: true)
+        _ = fs.pool.waitUntilIdle(timeout: 30)
+        #expect(!kernel.asked.withLock { $0 }.isEmpty, "not asked again")
+        kernel.forgetAsked()
+        #expect(nodeCount(fs) <= 50)
+    }
+
     /// A file open for reading, one being written and one whose chmod is owed are never handed
     /// to the kernel, however far past the bound; once closed and stored they may be.
     @Test func namesOpenWrittenOrOwingAChangeAreKept() throws {
