@@ -13,13 +13,13 @@ import Synchronization
 ///    `partGenerations`). An early upload remembers the generation it started from; at close a
 ///    part is reused only if no write touched it since, else it is sent again. A write racing an
 ///    upload can only make the part look stale, never current.
-/// 3. The parts live under this pipeline's own upload id. Once a manifest points at them the
+/// 3. The parts belong to this pipeline's own upload session. Once the upload is finished with them the
 ///    pipeline is spent (`Filesystem.commit` drops it); later writes start a new one. A writer
 ///    that took the pipeline just before may still call `advance`: `finish` seals it first, and
 ///    a sealed pipeline starts nothing.
 /// 4. Lock order: `SpoolFile.state`, then `EarlyParts.state`. No lock is held during an upload.
 final class EarlyParts: Sendable {
-    let partPrefix: String
+    let session: UploadSession
     let partSize: Int64
     private let store: any ObjectStore
     private let concurrency: Int
@@ -47,14 +47,14 @@ final class EarlyParts: Sendable {
     /// Protects finished and running parts.
     private let state = Locked(State())
 
-    init(store: any ObjectStore, key: String, partSize: Int64, concurrency: Int, pool: BackgroundPool, transfers: Transfers) {
+    init(store: any ObjectStore, session: UploadSession, partSize: Int64, concurrency: Int, pool: BackgroundPool, transfers: Transfers) {
         self.transfers = transfers
-        shown = transfers.begin(key: key, progress: progress)
+        shown = transfers.begin(key: session.key, progress: progress)
         self.store = store
         self.pool = pool
         self.partSize = partSize
         self.concurrency = concurrency
-        partPrefix = Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
+        self.session = session
     }
 
     /// Starts uploads of whole parts below `writtenEnd` that are neither done nor running, at most
@@ -85,8 +85,8 @@ final class EarlyParts: Sendable {
     }
 
     private func upload(_ index: Int, generation: UInt64, path: String) {
-        let etag = try? store.putPart(
-            key: partPrefix + Uploader.partName(index + 1),
+        let etag = try? store.uploadPart(
+            session, number: index + 1,
             body: .file(path: path, offset: Int64(index) * partSize, length: partSize, progress: progress))
         state.withLock { s in
             s.running.remove(index)
@@ -102,8 +102,8 @@ final class EarlyParts: Sendable {
 
     deinit { transfers.end(shown) }
 
-    /// Seals the pipeline (no upload starts from now on: a part written below the prefix after
-    /// the manifest would change the stored object), waits for running uploads; then the parts
+    /// Seals the pipeline (no upload starts from now on: a part sent after the upload was
+    /// finished would change the stored object on Swift, whose manifest names a prefix), waits for running uploads; then the parts
     /// that may be reused as they are.
     func finish() -> [Int: Part] {
         state.withLock { $0.sealed = true }

@@ -84,7 +84,7 @@ extension Filesystem {
                         return
                     }
                     let (contentType, metadata) = storedForm(of: node, over: info)
-                    try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
+                    try store.setMetadata(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
                 }
             } catch where error.code == .notFound {
                 // Deleted by another client: nothing to store them on, and the name is gone (not
@@ -203,7 +203,7 @@ extension Filesystem {
         var metadata = info.metadata.filter { !Node.ownMetadataNames.contains($0.key) }
         for (name, value) in change.metadata where Node.ownMetadataNames.contains(name) { metadata[name] = value }
         do {
-            try recoveryStore.post(key: change.key, contentType: change.contentType, metadata: metadata, manifest: info.manifest)
+            try recoveryStore.setMetadata(key: change.key, contentType: change.contentType, metadata: metadata, manifest: info.manifest)
         } catch where error.code == .notFound {
             Glibc.unlink(note)
             return

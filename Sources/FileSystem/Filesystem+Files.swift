@@ -365,11 +365,14 @@ extension Filesystem {
         // The key (for --status) is looked up only when a pipeline starts, not at every write.
         let starts = open.state.withLock { $0.size > multipart && $0.earlyParts == nil && !$0.isRemoved }
         let key = starts ? state.withLock { $0.inodes[open.inode]?.key } ?? open.path : open.path
+        // (Begun outside the spool's lock: a store may ask the server. One begun by a writer that
+        // loses the race below is never used; on Swift it cost nothing.)
+        let session = starts ? try? store.beginUpload(key: key) : nil
         let (parts, generations): (EarlyParts?, [Int: UInt64]) = open.state.withLock { o in
             guard o.size > multipart, !o.isRemoved else { return (nil, [:]) }
-            if o.earlyParts == nil {
+            if o.earlyParts == nil, let session {
                 o.earlyParts = EarlyParts(
-                    store: store, key: key, partSize: configuration.partSize,
+                    store: store, session: session, partSize: configuration.partSize,
                     concurrency: configuration.uploadConcurrency, pool: pool, transfers: transfers)
             }
             return (o.earlyParts, o.partGenerations)
@@ -377,11 +380,11 @@ extension Filesystem {
         parts?.advance(path: open.path, writtenEnd: writtenEnd) { generations[$0] ?? 0 }
     }
 
-    /// Deletes the parts of a pipeline no manifest will point at.
+    /// Drops the parts of a pipeline no upload will finish with.
     func discard(_ parts: EarlyParts) {
-        pool.submit { [uploader] in
+        pool.submit { [store] in
             _ = parts.finish()
-            uploader.deleteAll(prefix: parts.partPrefix)
+            store.abortUpload(parts.session)
         }
     }
 
@@ -774,7 +777,7 @@ extension Filesystem {
                 etag = result.etag
                 manifest = result.manifest
             } else {
-                try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
+                try store.setMetadata(key: node.key, contentType: contentType, metadata: metadata, manifest: node.manifest)
             }
         } catch {
             throw failedUpload(open, node: node, size: snapshot.size, FSError(storeError: error, operation: "upload", path: node.key))
@@ -1009,7 +1012,7 @@ extension Filesystem {
                     // manifest is the one to keep, which only a HEAD says for sure.
                     let current = state.withLock { $0.inodes[node.inode] } ?? node
                     let info = current.etag == node.etag ? nil : try store.head(key: node.key)
-                    try store.post(
+                    try store.setMetadata(
                         key: node.key,
                         contentType: info.map { storedForm(of: node, over: $0).contentType }
                             ?? node.stored.contentType(base: node.baseContentType),
@@ -1021,7 +1024,7 @@ extension Filesystem {
                 try postHoldingUploads(node.inode) { () throws(ObjectStoreError) in
                     let info = try store.head(key: node.key)
                     let (contentType, metadata) = storedForm(of: node, over: info)
-                    try store.post(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
+                    try store.setMetadata(key: node.key, contentType: contentType, metadata: metadata, manifest: info.manifest)
                 }
             case .directory:
                 // The root of the mount has no object to keep attributes on.
@@ -1030,7 +1033,7 @@ extension Filesystem {
                 let contentType = node.stored.contentType(base: ObjectKey.directoryContentType)
                 do {
                     let info = try store.head(key: marker)
-                    try store.post(
+                    try store.setMetadata(
                         key: marker, contentType: contentType, metadata: node.stored.metadata(mergedInto: info.metadata),
                         manifest: nil)
                 } catch where error.code == .notFound {

@@ -60,7 +60,7 @@ public final class Filesystem: Sendable {
     /// The longest object key the store takes (Swift's default `max_object_name_length`).
     public static let maximumKeyLength = 1024
     /// Where multipart parts live, relative to the container (see `Uploader`).
-    public static let partsPrefix = ".cssp-parts/"
+    public static let partsPrefix = manifestPartsPrefix
 
     /// The store as this mount sees it: the container, less the keys whose delete is owed
     /// (`JournaledStore`).

@@ -167,9 +167,33 @@ final class JournaledStore: ObjectStore {
         return try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata, onlyIfAbsent: onlyIfAbsent)
     }
 
-    func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {
-        try wrapped.putPart(key: key, body: body)
+    var maximumParts: Int { wrapped.maximumParts }
+
+    func beginUpload(key: String) throws(ObjectStoreError) -> UploadSession { try wrapped.beginUpload(key: key) }
+
+    func uploadPart(_ session: UploadSession, number: Int, body: PutBody) throws(ObjectStoreError) -> String {
+        try wrapped.uploadPart(session, number: number, body: body)
     }
+
+    func discardPart(_ session: UploadSession, number: Int) { wrapped.discardPart(session, number: number) }
+
+    /// The key the upload is finished under is settled first, as before a PUT.
+    func finishUpload(
+        _ session: UploadSession, partETags: [String], size: Int64, partSize: Int64,
+        destination: () throws(ObjectStoreError) -> String, contentType: String?, metadata: [String: String]
+    ) throws(ObjectStoreError) -> FinishedUpload {
+        try wrapped.finishUpload(
+            session, partETags: partETags, size: size, partSize: partSize,
+            destination: { () throws(ObjectStoreError) -> String in
+                let key = try destination()
+                try settle(key)
+                return key
+            }, contentType: contentType, metadata: metadata)
+    }
+
+    func abortUpload(_ session: UploadSession) { wrapped.abortUpload(session) }
+
+    func uploadETag(partETags: [String]) -> String { wrapped.uploadETag(partETags: partETags) }
 
     func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
         throws(ObjectStoreError)
@@ -195,12 +219,12 @@ final class JournaledStore: ObjectStore {
         try wrapped.bulkDelete(keys: keys)
     }
 
-    func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError) {
+    func setMetadata(key: String, contentType: String, metadata: [String: String], manifest: String?)
+        throws(ObjectStoreError)
+    {
         try settle(key)
-        try wrapped.post(key: key, contentType: contentType, metadata: metadata, manifest: manifest)
+        try wrapped.setMetadata(key: key, contentType: contentType, metadata: metadata, manifest: manifest)
     }
-
-    func manifestETag(partETags: [String]) -> String { wrapped.manifestETag(partETags: partETags) }
 
     func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
         wrapped.etag(ofFile: path, offset: offset, length: length)

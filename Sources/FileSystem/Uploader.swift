@@ -7,17 +7,16 @@ import Synchronization
 import Glibc
 #endif
 
-/// Stores a spool file under a key: one verified PUT up to the threshold, a DLO multipart upload
-/// above it.
+/// Stores a spool file under a key: one verified PUT up to the threshold, an upload session in
+/// parts above it (the store's `beginUpload` ... `finishUpload`; on Swift a DLO, see
+/// `ManifestStore`).
 ///
 /// Subtleties:
-/// 1. Parts go to `.cssp-parts/<uploadId>/<n>` (n zero-padded to 8 digits: a DLO concatenates in
-///    name order), never below the key itself, where they would make the key look like a file and
-///    a directory at once. Renaming a multipart file only moves its manifest.
-/// 2. The manifest is written last, then verified: its size, and its ETag against the MD5 of the
-///    parts' ETags. A manifest's view of its parts follows container listings, which may lag, so
-///    a mismatch is retried a few times before the upload counts as failed.
-/// 3. A failed upload deletes the parts it wrote; the spool keeps the bytes.
+/// 1. Parts go up in parallel, `concurrency` at a time; parts sent while the file was written
+///    (`EarlyParts`) are reused where no write touched them since.
+/// 2. A failed upload drops the parts it wrote when they cannot serve; the spool keeps the bytes.
+/// 3. Deleting the parts of a replaced or removed Swift manifest (`deleteParts`) is this mount's
+///    decision: only parts it may own, never shared ones.
 struct Uploader {
     let store: any ObjectStore
     let pool: BackgroundPool
@@ -59,14 +58,14 @@ struct Uploader {
         // upload goes on from what they sent (parts sent again after a later write count twice,
         // up to the total).
         early?.stopShowing()
-        let continues = size > threshold && early?.partSize == Self.partSize(for: size, configured: partSize)
+        let continues = size > threshold && early?.partSize == partSize(for: size)
         let progress = (continues ? early?.progress : nil) ?? TransferProgress()
         progress.setTotal(size)
         let id = transfers.begin(key: key, progress: progress)
         defer { transfers.end(id) }
         let sent = early?.finish() ?? [:]
         if size <= threshold {
-            if let early { deleteAll(prefix: early.partPrefix) }
+            if let early { store.abortUpload(early.session) }
             let body = PutBody.file(path: path, offset: 0, length: size, progress: progress)
             let conditional = check?.expectsAbsent == true && store.honoursIfNoneMatch
             var target = key
@@ -83,21 +82,20 @@ struct Uploader {
                 return Result(key: target, etag: etag, manifest: nil)
             }
         }
-        let partSize = Self.partSize(for: size, configured: self.partSize)
+        let partSize = self.partSize(for: size)
         // Early parts of another size cannot serve (the file outgrew the part count).
-        if let unusable = early, unusable.partSize != partSize { deleteAll(prefix: unusable.partPrefix) }
+        if let unusable = early, unusable.partSize != partSize { store.abortUpload(unusable.session) }
         let early = early.flatMap { $0.partSize == partSize ? $0 : nil }
-        let partPrefix = early?.partPrefix ?? Filesystem.partsPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 16) + "/"
+        let session: UploadSession
+        if let early { session = early.session } else { session = try store.beginUpload(key: key) }
         let count = Int((size + partSize - 1) / partSize)
         var reused: [String?] = Array(repeating: nil, count: count)
         if early != nil {
             for (index, part) in sent where index < count && Int64(index + 1) * partSize <= size {
                 if part.generation == generations[index] ?? 0 { reused[index] = part.etag }
             }
-            // Early parts past the end (the file shrank) would be concatenated by the manifest.
-            for index in sent.keys where index >= count {
-                try? store.delete(key: partPrefix + Uploader.partName(index + 1))
-            }
+            // Early parts past the end (the file shrank) would be part of the object.
+            for index in sent.keys where index >= count { store.discardPart(session, number: index + 1) }
         }
         let etags = Locked<[String?]>(reused)
         let store = self.store
@@ -105,46 +103,27 @@ struct Uploader {
         let failure = pool.forEach(missing.count, width: concurrency) { (position) throws(ObjectStoreError) in
             let index = missing[position]
             let offset = Int64(index) * partSize
-            let etag = try store.putPart(
-                key: partPrefix + Uploader.partName(index + 1),
+            let etag = try store.uploadPart(
+                session, number: index + 1,
                 body: .file(path: path, offset: offset, length: min(partSize, size - offset), progress: progress))
             etags.withLock { $0[index] = etag }
         }
-        // The parts are checked before the manifest replaces the old version: a failure here
-        // deletes only the new parts, and the key keeps what it held.
-        let partETags: [String]
-        do throws(ObjectStoreError) {
-            if let failure { throw failure }
-            partETags = etags.withLock { $0.compactMap { $0 } }
-            try verifyParts(prefix: partPrefix, etags: partETags, size: size, partSize: partSize)
-        } catch {
-            deleteAll(prefix: partPrefix)
-            throw error
+        if let failure {
+            store.abortUpload(session)
+            throw failure
         }
-        // A conflict copy names the same parts: nothing is sent twice.
-        let target = try check?.destination() ?? key
-        try store.putManifest(key: target, partPrefix: partPrefix, contentType: contentType, metadata: metadata)
-        let expected = store.manifestETag(partETags: partETags)
-        // The manifest names parts the listing already shows; this check only reports a server
-        // that disagrees (the parts stay: the manifest points at them now). The manifest is
-        // stored: a check that cannot be made (the server away) does not make the upload fail,
-        // else the next upload would find this version and take it for another client's.
-        do {
-            try verify(key: target, size: size, etag: expected)
-        } catch where error.isRetryable {}
-        return Result(key: target, etag: expected, manifest: store.containerName + "/" + partPrefix)
+        let finished = try store.finishUpload(
+            session, partETags: etags.withLock { $0.compactMap { $0 } }, size: size, partSize: partSize,
+            destination: { () throws(ObjectStoreError) -> String in try check?.destination() ?? key },
+            contentType: contentType, metadata: metadata)
+        return Result(key: finished.key, etag: finished.etag, manifest: finished.manifest)
     }
 
-    /// The most parts one upload makes: fewer than one listing page (10 000), so that one
-    /// listing shows them all and that nothing else is below their prefix.
-    static let maximumParts: Int64 = 9_999
-
-    /// `configured`, grown (in whole MiB) when `size` would need more than `maximumParts` parts.
     /// The ETag an upload of `size` bytes of `path` leaves on the server (a DLO manifest's, over
     /// the parts it would cut), nil when the store cannot say.
     func expectedETag(path: String, size: Int64) -> String? {
         guard size > threshold else { return store.etag(ofFile: path, offset: 0, length: size) }
-        let partSize = Self.partSize(for: size, configured: self.partSize)
+        let partSize = self.partSize(for: size)
         var parts: [String] = []
         var offset: Int64 = 0
         while offset < size {
@@ -152,64 +131,20 @@ struct Uploader {
             parts.append(etag)
             offset += partSize
         }
-        return store.manifestETag(partETags: parts)
+        return store.uploadETag(partETags: parts)
     }
 
-    static func partSize(for size: Int64, configured: Int64) -> Int64 {
+    /// The part size of an upload of `size` bytes: the configured one, grown while the store
+    /// would take no more parts.
+    func partSize(for size: Int64) -> Int64 {
+        Self.partSize(for: size, configured: partSize, maximumParts: Int64(store.maximumParts))
+    }
+
+    /// `configured`, grown (in whole MiB) when `size` would need more than `maximumParts` parts.
+    static func partSize(for size: Int64, configured: Int64, maximumParts: Int64) -> Int64 {
         guard (size + configured - 1) / configured > maximumParts else { return configured }
         let needed = (size + maximumParts - 1) / maximumParts
         return (needed + (1 << 20) - 1) / (1 << 20) * (1 << 20)
-    }
-
-    /// Lists the part prefix until it shows exactly the parts of this upload with their ETags
-    /// and sizes (listings may lag behind fresh PUTs), a few times before giving up.
-    private func verifyParts(prefix: String, etags: [String], size: Int64, partSize: Int64) throws(ObjectStoreError) {
-        var delay: UInt32 = 100_000
-        var seen = ""
-        for attempt in 1...6 {
-            let page = try store.list(prefix: prefix, delimiter: nil, marker: nil, limit: Int(Self.maximumParts) + 1)
-            let listed = page.entries
-            var matches = listed.count == etags.count && page.nextMarker == nil
-            if matches {
-                for (index, entry) in listed.enumerated() {
-                    guard case .object(let part) = entry, part.key.isSameKey(as: prefix + Self.partName(index + 1)),
-                        part.etag == etags[index],
-                        part.size == min(partSize, size - Int64(index) * partSize)
-                    else {
-                        matches = false
-                        break
-                    }
-                }
-            }
-            if matches { return }
-            seen = "\(listed.count) of \(etags.count) parts as uploaded"
-            if attempt < 6 {
-                usleep(delay)
-                delay *= 2
-            }
-        }
-        throw ObjectStoreError(.invalidResponse, "the parts below '\(prefix)' do not list as uploaded (\(seen))")
-    }
-
-    private func verify(key: String, size: Int64, etag: String) throws(ObjectStoreError) {
-        var delay: UInt32 = 100_000
-        for attempt in 1...6 {
-            let info = try store.head(key: key)
-            if info.size == size && info.etag == etag { return }
-            if attempt == 6 {
-                throw ObjectStoreError(
-                    .invalidResponse,
-                    "the manifest of '\(key)' shows \(info.size) bytes with ETag \(info.etag), expected \(size) bytes "
-                        + "with ETag \(etag)")
-            }
-            usleep(delay)
-            delay *= 2
-        }
-    }
-
-    static func partName(_ number: Int) -> String {
-        let digits = String(number)
-        return String(repeating: "0", count: max(0, 8 - digits.count)) + digits
     }
 
     /// Deletes the parts of a DLO manifest (`container/prefix`) when they are ours to delete: our

@@ -73,7 +73,9 @@ public struct ObjectInfo: Sendable, Equatable {
     public var lastModified: Double
     /// `X-Object-Meta-*` headers, names lower-cased without the prefix.
     public var metadata: [String: String]
-    /// The `X-Object-Manifest` value (`container/prefix`) when the object is a DLO manifest.
+    /// Where the object's parts are when the store keeps them apart from it: Swift's DLO
+    /// manifest, its `X-Object-Manifest` value (`container/prefix`). nil for a whole object, and
+    /// in a store whose multipart objects hold their own parts.
     public var manifest: String?
 
     public init(
@@ -183,15 +185,12 @@ public protocol ObjectStore: Sendable {
     /// does; its `/info` says it is Swift). Asked once, on first use.
     var honoursIfNoneMatch: Bool { get }
 
-    /// Stores one part of a multipart upload; returns its ETag (the MD5 of its bytes), checked.
-    /// Unlike `put`, it may check the bytes after storing them: a part is seen only via a manifest.
-    func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String
-
-    /// Writes a zero-byte DLO manifest: `manifest` is the `X-Object-Manifest` value,
-    /// `container/prefix` (the parts may live in another container, as the swift CLI puts them).
-    func putManifest(
-        key: String, manifest: String, contentType: String?, metadata: [String: String]
-    ) throws(ObjectStoreError)
+    /// Writes `key` as one more object over the parts of an object whose `ObjectInfo.manifest`
+    /// is `manifest` (a rename of it moves no bytes). Only stores that keep parts apart show
+    /// manifests; on Swift it is a zero-byte DLO manifest, `manifest` its `X-Object-Manifest`
+    /// value (`container/prefix`: the parts may live in another container, as the swift CLI puts them).
+    func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
+        throws(ObjectStoreError)
 
     /// Server-side copy of `source` to `destination`. The copy keeps the source's metadata and
     /// content type, unless `metadata` (the complete set, replacing all of it) or `contentType`
@@ -211,12 +210,42 @@ public protocol ObjectStore: Sendable {
     /// request as a whole failed, which may have deleted some of them.
     func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String]
 
-    /// Replaces the object's metadata and content type. Swift drops everything not sent again,
-    /// `X-Object-Manifest` included, so callers pass the complete set.
-    func post(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError)
+    /// Replaces the object's metadata and content type, in one call. `manifest` is what the
+    /// caller last saw of the object's `ObjectInfo.manifest`: a store that drops it unless it is
+    /// sent again (Swift) sends it. Callers pass the complete set of metadata.
+    func setMetadata(key: String, contentType: String, metadata: [String: String], manifest: String?) throws(ObjectStoreError)
 
-    /// The ETag this store reports for a DLO manifest over parts with these ETags, in order.
-    func manifestETag(partETags: [String]) -> String
+    // MARK: Large objects: an upload session (begin, parts, finish or abort)
+
+    /// The most parts one upload may have.
+    var maximumParts: Int { get }
+
+    /// Begins an upload in parts of an object meant for `key`.
+    func beginUpload(key: String) throws(ObjectStoreError) -> UploadSession
+
+    /// Stores part `number` (from 1) of the upload; returns its ETag (the MD5 of its bytes),
+    /// checked. Parts may go up in any order, several at once; a part sent again replaces it.
+    func uploadPart(_ session: UploadSession, number: Int, body: PutBody) throws(ObjectStoreError) -> String
+
+    /// Drops part `number` if it was sent: the finished object holds the parts it is finished
+    /// with and nothing else (a file that shrank after its parts went up). Best effort.
+    func discardPart(_ session: UploadSession, number: Int)
+
+    /// Makes the object from parts `1...partETags.count` (their ETags in order; `size` bytes in
+    /// all, every part `partSize` long but the last). The key comes from `destination`, asked
+    /// once the parts are confirmed, right before the object is made (a conflict copy's name
+    /// rather than `session.key`). When it throws before the object is made the parts stay (the
+    /// caller aborts or tries again), except parts the store found unfit, which it dropped.
+    func finishUpload(
+        _ session: UploadSession, partETags: [String], size: Int64, partSize: Int64,
+        destination: () throws(ObjectStoreError) -> String, contentType: String?, metadata: [String: String]
+    ) throws(ObjectStoreError) -> FinishedUpload
+
+    /// Drops the upload and every part sent to it. Best effort.
+    func abortUpload(_ session: UploadSession)
+
+    /// The ETag a finished upload over parts with these ETags, in order, reports.
+    func uploadETag(partETags: [String]) -> String
 
     /// The ETag a PUT of `length` bytes of the local file at `path` from `offset` gets (Swift:
     /// their MD5), nil when unknown or unreadable. Tells an upload whose answer was lost, now on
@@ -262,15 +291,15 @@ extension ObjectStore {
 }
 
 extension ObjectStore {
-    /// A DLO manifest whose parts are the keys of this container starting with `partPrefix`.
+    /// A manifest whose parts are the keys of this container starting with `partPrefix`.
     public func putManifest(
         key: String, partPrefix: String, contentType: String?, metadata: [String: String]
     ) throws(ObjectStoreError) {
         try putManifest(key: key, manifest: containerName + "/" + partPrefix, contentType: contentType, metadata: metadata)
     }
 
-    /// The part prefix of a DLO manifest value when the parts are in this container (nil: they
-    /// are elsewhere, or the value is not `container/prefix`).
+    /// The part prefix of a manifest value when the parts are in this container (nil: they are
+    /// elsewhere, or the value is not `container/prefix`).
     public func localPartPrefix(ofManifest manifest: String) -> String? {
         let container = containerName + "/"
         guard manifest.utf8.starts(with: container.utf8), manifest.utf8.count > container.utf8.count else { return nil }
@@ -322,12 +351,5 @@ extension ObjectStore {
             } catch where error.code == .notFound {}
         }
         return []
-    }
-}
-
-extension ObjectStore {
-    /// A store that cannot check after storing checks before, as `put` does.
-    public func putPart(key: String, body: PutBody) throws(ObjectStoreError) -> String {
-        try put(key: key, body: body, contentType: nil, metadata: [:])
     }
 }

@@ -55,7 +55,7 @@ public struct HTTPStoreConfiguration: Sendable {
 }
 
 /// The CSSP client: libcurl for transport, OpenSSL for signing, shared by all FUSE threads.
-public final class HTTPObjectStore: ObjectStore {
+public final class HTTPObjectStore: ManifestStore {
     public let configuration: HTTPStoreConfiguration
     private let pool: CurlHandlePool
     private let logger: Logger

@@ -8,7 +8,7 @@ import Glibc
 
 /// An in-memory container with Swift's listing and DLO semantics, counting every request, so
 /// tests can assert what an operation cost ("readdir of N objects makes no HEAD").
-public final class FakeObjectStore: ObjectStore {
+public final class FakeObjectStore: ManifestStore {
     public struct Counts: Sendable, Equatable {
         public var list = 0
         public var head = 0

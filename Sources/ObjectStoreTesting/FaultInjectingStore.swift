@@ -5,8 +5,10 @@ import Synchronization
 /// Wraps any store and fails the calls a test chooses, before they reach it (the store never saw
 /// the request) or after it (the store did the work and the answer was lost), or half-way through
 /// a GET's body. Modelled on mountpoint-s3's failure client: one decision per call, so a test can
-/// fail "the 3rd PUT", "every DELETE of keys below x/", or one call in ten at random.
-public final class FaultInjectingStore: ObjectStore {
+/// fail "the 3rd PUT", "every DELETE of keys below x/", or one call in ten at random. It wraps a
+/// store of the Swift dialect and is one itself: an upload session runs as its part PUTs,
+/// listing, manifest PUT and HEAD, each of which a test may fail.
+public final class FaultInjectingStore: ManifestStore {
     /// One call, as the decision sees it.
     public struct Call: Sendable, CustomStringConvertible {
         public enum Operation: String, Sendable, CaseIterable {
@@ -35,14 +37,14 @@ public final class FaultInjectingStore: ObjectStore {
         case halfway(ObjectStoreError.Code)
     }
 
-    public let wrapped: any ObjectStore
+    public let wrapped: any ManifestStore
     /// Protects the decision, the call counts and the failed calls (not the decision's own run).
     private let state: Locked<(decide: @Sendable (Call) -> Fault, counts: [Call.Operation: Int], injected: [Call])>
     /// Runs after the wrapped store answered a call the decision passed, before the caller gets
     /// the answer: what happens there happened after the store answered (a stale answer).
     private let answered = Locked<(@Sendable (Call) -> Void)?>(nil)
 
-    public init(_ wrapped: any ObjectStore, decide: @escaping @Sendable (Call) -> Fault = { _ in .none }) {
+    public init(_ wrapped: any ManifestStore, decide: @escaping @Sendable (Call) -> Fault = { _ in .none }) {
         self.wrapped = wrapped
         state = Locked((decide, [:], []))
     }

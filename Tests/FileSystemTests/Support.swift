@@ -89,7 +89,7 @@ extension Filesystem {
 }
 
 /// A store over `wrapped` that records the key of every call of `operation`, in order.
-func recordingCalls(of operation: FaultInjectingStore.Call.Operation, in wrapped: any ObjectStore)
+func recordingCalls(of operation: FaultInjectingStore.Call.Operation, in wrapped: any ManifestStore)
     -> (store: FaultInjectingStore, keys: Locked<[String]>)
 {
     let keys = Locked<[String]>([])

@@ -266,11 +266,11 @@ struct EarlyPartsTests {
         let path = TestScratch.directory + "cssp-early-parts-" + UUID().uuidString
         defer { unlink(path) }
         #expect(FileManager.default.createFile(atPath: path, contents: Data(repeating: 7, count: 64)))
-        let parts = EarlyParts(store: store, key: "f", partSize: 16, concurrency: 4, pool: pool, transfers: Transfers())
+        let parts = EarlyParts(store: store, session: try store.beginUpload(key: "f"), partSize: 16, concurrency: 4, pool: pool, transfers: Transfers())
         parts.advance(path: path, writtenEnd: 32) { _ in 1 }
         #expect(parts.finish().count == 2)
         parts.advance(path: path, writtenEnd: 64) { _ in 2 }
         #expect(parts.finish().count == 2)
-        #expect(try store.listAll(prefix: parts.partPrefix, delimiter: nil).count == 2)
+        #expect(try store.listAll(prefix: parts.session.id, delimiter: nil).count == 2)
     }
 }
