@@ -1,8 +1,9 @@
 // swift-tools-version:6.0
 // csspfs: mount a CSSP (OpenStack-Swift-based) object store container as a directory.
 //
-// Dependencies point downward only:
-//   MountCSSP -> FuseAdapter -> FileSystem -> ObjectStore, BlockCache
+// Dependencies point downward only (ARCHITECTURE.md draws them):
+//   MountCSSP -> FuseAdapter -> FileSystem -> FSNamespace, FSFiles -> FSJournal -> FSCore
+//   FSCore -> ObjectStore, BlockCache, Metrics, Locking
 //   MountCSSP -> ObjectStoreHTTP -> ObjectStore
 // FuseAdapter is the only module that sees libfuse; ObjectStoreHTTP the only one that sees libcurl;
 // MountCSSP the only one that sees libmount (/run/mount/utab, for umount(8)).
@@ -47,9 +48,44 @@ let package = Package(
             name: "BlockCache",
             dependencies: ["CSQLite", "Locking", "ObjectStore", .product(name: "Logging", package: "swift-log")]
         ),
+        // The vocabulary every room of the filesystem shares: errors, attributes, times, the
+        // configuration, the background pool, the memory budget.
+        .target(
+            name: "FSCore",
+            dependencies: [
+                "ObjectStore", "BlockCache", "Locking", "Metrics", .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // What must survive the process: the spool directory, the upload and delete journals,
+        // the delete queue, recovery of what an earlier mount owed, the store as the journal
+        // shows it.
+        .target(
+            name: "FSJournal",
+            dependencies: ["FSCore", "ObjectStore", "Locking", .product(name: "Logging", package: "swift-log")]
+        ),
+        // Which names exist with which attributes: the inode table, the directory cache, listings
+        // and their readers, the collision rule, the attribute rule's merge.
+        .target(
+            name: "FSNamespace",
+            dependencies: [
+                "FSCore", "ObjectStore", "BlockCache", "Locking", .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The bytes of files: spool files, the file reader and its read-ahead, the uploader and
+        // early parts, transfers in progress, the kernel's page cache.
+        .target(
+            name: "FSFiles",
+            dependencies: [
+                "FSCore", "FSJournal", "ObjectStore", "BlockCache", "Locking", "Metrics",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        // The facade FuseAdapter calls: composes the rooms into the semantics of a mount.
         .target(
             name: "FileSystem",
             dependencies: [
+                "FSCore", "FSJournal", "FSNamespace", "FSFiles",
                 "ObjectStore", "BlockCache", "Locking", "Metrics",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
@@ -87,7 +123,7 @@ let package = Package(
         .testTarget(
             name: "FileSystemTests",
             dependencies: [
-                "FileSystem", "BlockCache", "ObjectStore", "ObjectStoreTesting", "Locking",
+                "FileSystem", "FSCore", "FSJournal", "FSNamespace", "FSFiles", "BlockCache", "ObjectStore", "ObjectStoreTesting", "Locking",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

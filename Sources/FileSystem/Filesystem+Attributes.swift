@@ -1,3 +1,7 @@
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import ObjectStore
 
 #if canImport(Glibc)

@@ -1,3 +1,7 @@
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import Metrics
 
 /// Metadata in bounded memory (issue 21, `meta_max_entries`). A node is kept for every name the

@@ -1,4 +1,8 @@
 import Dispatch
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import Locking
 import ObjectStore
 import Synchronization
@@ -159,7 +163,7 @@ extension Filesystem {
         do throws(ObjectStoreError) {
             var metadata = stored.metadata(mergedInto: [:])
             metadata[StoredAttributes.createTokenHeader] = token
-            let started = Self.monotonicNow()
+            let started = monotonicNow()
             let etag = try store.put(
                 key: key, body: .bytes([]), contentType: stored.contentType(base: contentType), metadata: metadata,
                 onlyIfAbsent: true)
@@ -167,7 +171,7 @@ extension Filesystem {
             // two PUTs at once both may pass, and the one stored last (the later to reach the
             // proxy) stays. Read back whose it is, once a PUT that started while ours ran has
             // had as long again as ours took to end (`excl_create` in the man page).
-            let took = Self.monotonicNow() - started
+            let took = monotonicNow() - started
             usleep(UInt32(min(max(took, 0.005), 1) * 1_000_000))
             guard try store.head(key: key).metadata[StoredAttributes.createTokenHeader] == token else {
                 throw ObjectStoreError(.preconditionFailed, "another client's create of '\(key)' was stored after ours")

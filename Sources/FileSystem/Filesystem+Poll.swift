@@ -1,3 +1,7 @@
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import ObjectStore
 
 /// Change notification (issue 22, `poll_s`): an idle mount sees another client's changes without

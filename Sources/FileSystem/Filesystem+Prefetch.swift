@@ -1,5 +1,9 @@
 import BlockCache
 import Dispatch
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import ObjectStore
 import Synchronization
 

@@ -1,4 +1,8 @@
 import Dispatch
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import Locking
 import ObjectStore
 

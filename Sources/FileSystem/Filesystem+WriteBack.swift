@@ -1,3 +1,7 @@
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
 import Logging
 
 #if canImport(Glibc)

@@ -1,4 +1,10 @@
+// The vocabulary (FSError, Attributes, FilesystemConfiguration, ...) and the public parts of the
+// files room (KernelCache, Transfers) are part of this module's interface.
+@_exported import FSCore
+@_exported import FSFiles
 import Dispatch
+import FSJournal
+import FSNamespace
 import Locking
 import Logging
 import ObjectStore
@@ -55,7 +61,7 @@ import Glibc
 /// 5. A file with a spool is described by its spool (size, attributes not stored yet): listings
 ///    and HEADs never overwrite it. Every handle of one file reads what was written through this
 ///    mount (see `read`). Locks: the LOCKING block above.
-public final class Filesystem: Sendable {
+public final class Filesystem: Sendable, ListingResolver {
     public static let rootInode: InodeNumber = 1
     /// The longest object key the store takes (Swift's default `max_object_name_length`).
     public static let maximumKeyLength = 1024
@@ -72,7 +78,7 @@ public final class Filesystem: Sendable {
     /// Deletes journaled by write-back unlinks and rmdirs (and left by an earlier mount).
     let deletes: DeleteQueue
     public let configuration: FilesystemConfiguration
-    let logger: Logger
+    package let logger: Logger
     let spool: Spool
     /// Manifests whose parts may be shared after a failed rename: never deleted.
     let sharedParts: SharedParts
@@ -127,7 +133,7 @@ public final class Filesystem: Sendable {
     /// Stores fetched bytes in the kernel's page cache (installed by the FUSE layer).
     public let kernelCache = KernelCache()
     /// The threads of all background work (see `BackgroundPool`).
-    let pool: BackgroundPool
+    package let pool: BackgroundPool
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
     /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 6).
@@ -229,13 +235,8 @@ public final class Filesystem: Sendable {
     }
 
     /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
-    func now() -> Double { configuration.clock?() ?? Self.monotonicNow() }
+    func now() -> Double { configuration.clock?() ?? monotonicNow() }
 
-    static func monotonicNow() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
 
     // MARK: Attributes
 
@@ -1027,7 +1028,7 @@ public final class Filesystem: Sendable {
     }
 
     /// Resolves a readdir collision (see DirectoryBuilder).
-    func resolve(_ collision: DirectoryBuilder.Collision, prefix: String) throws(FSError)
+    package func resolve(_ collision: DirectoryBuilder.Collision, prefix: String) throws(FSError)
         -> DirectoryBuilder.Collision.Resolution
     {
         guard collision.file.size == 0 else { return .directoryWins }

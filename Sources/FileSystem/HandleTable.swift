@@ -1,3 +1,8 @@
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
+
 /// The open file and directory handles, numbered as FUSE hands them to the kernel. A value type
 /// with no I/O and no lock, held in `Filesystem.State`; nothing else writes its tables. Numbers
 /// are never reused, so a late call with a closed handle finds nothing instead of another file.

@@ -5,6 +5,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The attribute rule (`Node+Merge`): an answer of the store asked before a node's latest local

@@ -2,6 +2,10 @@ import Dispatch
 import Locking
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 struct BackgroundPoolTests {

@@ -5,6 +5,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Metadata in bounded memory (`meta_max_entries`, `Filesystem+Bound`).

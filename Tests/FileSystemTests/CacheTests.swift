@@ -7,6 +7,10 @@ import ObjectStoreTesting
 import Synchronization
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The read path with the block cache, against the in-memory store: what is fetched, what is

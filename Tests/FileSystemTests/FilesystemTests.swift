@@ -5,6 +5,10 @@ import ObjectStoreTesting
 import Testing
 import Foundation
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The filesystem core against the in-memory store: semantics and request counts, no kernel.

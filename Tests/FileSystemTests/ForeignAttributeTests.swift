@@ -7,6 +7,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Other tools' objects (issue 38): the mtime only in `X-Object-Meta-Mtime`, nothing in the

@@ -10,6 +10,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Regression tests of the hostile-network issue (issue 10) at the filesystem core.

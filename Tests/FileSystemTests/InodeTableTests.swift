@@ -2,6 +2,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The inode table's rules, without I/O: who keeps a node alive, what a rename re-keys.

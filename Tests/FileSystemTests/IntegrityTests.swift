@@ -10,6 +10,10 @@ import ObjectStoreTesting
 import Synchronization
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Regression tests of the integrity issue: sequences of ordinary operations that lost track of

@@ -8,6 +8,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Listings of subdirectories fetched ahead of a walk (`Filesystem+ListAhead`).

@@ -1,6 +1,10 @@
 import ObjectStore
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The attribute merge rules (`Node.apply`, `Node.merge`), as tables: a node's state, what the

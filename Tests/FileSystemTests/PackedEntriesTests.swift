@@ -2,6 +2,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The compact listing storage (issue 21): every entry reads back exactly as it was appended,

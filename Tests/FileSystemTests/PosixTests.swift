@@ -4,6 +4,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// POSIX details a conformance suite checks (items 11 and 12 of the integrity issue).

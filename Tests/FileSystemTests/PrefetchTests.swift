@@ -4,6 +4,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Background HEADs after a listing (Filesystem+Prefetch): who gets one, how many, and that the

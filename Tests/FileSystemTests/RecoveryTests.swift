@@ -5,6 +5,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// What a mount that died left journaled (write-back files, failed uploads, attribute notes) is

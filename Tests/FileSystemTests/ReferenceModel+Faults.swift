@@ -3,6 +3,10 @@ import Locking
 import ObjectStore
 import ObjectStoreTesting
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// An operation on names or attributes during which one store call fails.

@@ -6,6 +6,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Synchronization
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Byte order, as listings sort.

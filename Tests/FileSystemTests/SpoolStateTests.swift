@@ -1,5 +1,9 @@
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The spool's state machine: each event from each phase, without I/O.

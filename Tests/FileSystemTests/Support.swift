@@ -3,6 +3,10 @@ import Locking
 import ObjectStore
 import ObjectStoreTesting
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// A directory below the system's temporary directory, removed with everything in it when the

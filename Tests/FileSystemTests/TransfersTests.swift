@@ -6,6 +6,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Issue 11: what `mount.cssp --status` and the upload gauges of `--stats` show.

@@ -6,6 +6,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// The upload journal (`UploadJournal`): the notes of owed uploads as appends to one file,

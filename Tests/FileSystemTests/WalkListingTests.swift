@@ -5,6 +5,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// One flat listing of a subtree once a walk is evident (`Filesystem+WalkListing`).

@@ -6,6 +6,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Write-back deletes (docs/writeback-design.md, "Deletes"): an unlink or rmdir of a stored name

@@ -6,6 +6,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Write-back (`-o writeback`, docs/writeback-design.md step 1): a close journals the file and

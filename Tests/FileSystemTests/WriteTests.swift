@@ -4,6 +4,10 @@ import ObjectStore
 import ObjectStoreTesting
 import Testing
 
+@testable import FSCore
+@testable import FSFiles
+@testable import FSJournal
+@testable import FSNamespace
 @testable import FileSystem
 
 /// Writes through the filesystem core against the in-memory store: what gets stored, and what it costs.

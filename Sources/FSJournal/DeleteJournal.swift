@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 
 #if canImport(Glibc)
@@ -5,8 +6,8 @@ import Glibc
 #endif
 
 /// One delete a write-back mount owes the store (docs/writeback-design.md, "Deletes").
-struct DeleteEntry: Equatable, Sendable {
-    enum Kind: UInt8, Sendable {
+package struct DeleteEntry: Equatable, Sendable {
+    package enum Kind: UInt8, Sendable {
         /// A plain object: one DELETE, or a line of a bulk delete.
         case object = 0
         /// A file that may be a DLO manifest (listed with size 0, or known as one): read again
@@ -17,20 +18,20 @@ struct DeleteEntry: Equatable, Sendable {
         case directory = 2
     }
 
-    var sequence: UInt64
-    var key: String
+    package var sequence: UInt64
+    package var key: String
     /// The version this mount last saw (`version(etag:manifest:)`; "": unknown, delete
     /// whatever is there). Another client's newer version is not deleted (`DeleteQueue`).
-    var etag: String
-    var kind: Kind
+    package var etag: String
+    package var kind: Kind
 
     /// What names one version of an object: its ETag, or for a DLO manifest its part prefix
     /// (a DLO's ETag is computed over whatever parts are there when it is asked).
-    static func version(etag: String, manifest: String?) -> String {
+    package static func version(etag: String, manifest: String?) -> String {
         manifest.map { manifestTag + $0 } ?? etag
     }
 
-    static let manifestTag = "manifest:"
+    package static let manifestTag = "manifest:"
 }
 
 /// The delete journal: an append-only file of records, `D` (a delete owed: sequence, kind,
@@ -48,15 +49,15 @@ struct DeleteEntry: Equatable, Sendable {
 ///    a power cut never replays a delete over a newer version this mount stored.
 /// 4. At open, the records left are read and the file is rewritten with only the deletes still
 ///    owed (compacted), before anything is appended.
-final class DeleteJournal: Sendable {
+package final class DeleteJournal: Sendable {
     /// The file and its group commit.
     private let log: AppendLog
-    var file: any JournalFile { log.file }
+    package var file: any JournalFile { log.file }
 
     /// The deletes owed in `file` (oldest first); the file is compacted to them.
-    let leftovers: [DeleteEntry]
+    package let leftovers: [DeleteEntry]
 
-    init(file: any JournalFile, adopting others: [any JournalFile] = []) {
+    package init(file: any JournalFile, adopting others: [any JournalFile] = []) {
         var entries = Self.parse(file.contents())
         for other in others { entries += Self.parse(other.contents()) }
         // Renumbered in order: the adopted ones after this directory's own.
@@ -75,40 +76,40 @@ final class DeleteJournal: Sendable {
     }
 
     /// Appends the record of `entry`; returns the append's number for `commit`, or nil.
-    func append(_ entry: DeleteEntry) -> UInt64? {
+    package func append(_ entry: DeleteEntry) -> UInt64? {
         log.append(Self.record(entry))
     }
 
     /// Appends `X` records for `sequences`; returns the append's number for `commit`, or nil.
-    func appendDone(_ sequences: [UInt64]) -> UInt64? {
+    package func appendDone(_ sequences: [UInt64]) -> UInt64? {
         guard !sequences.isEmpty else { return log.appended }
         return log.append(sequences.flatMap(Self.doneRecord))
     }
 
     /// Returns once append number `number` is durable (subtlety 1); false when a sync failed.
-    func commit(upTo number: UInt64) -> Bool {
+    package func commit(upTo number: UInt64) -> Bool {
         log.commit(upTo: number)
     }
 
     /// Empties the file once nothing is owed, unless something was appended after append
     /// number `number` (the caller's last, which found nothing owed).
-    func truncate(ifLastAppend number: UInt64) -> Bool {
+    package func truncate(ifLastAppend number: UInt64) -> Bool {
         log.replace(ifLastAppend: number, with: [])
     }
 
     // MARK: Records
 
-    static func record(_ entry: DeleteEntry) -> [UInt8] {
+    package static func record(_ entry: DeleteEntry) -> [UInt8] {
         Array("D\0\(entry.sequence)\0\(entry.kind.rawValue)\0\(entry.etag)\0\(entry.key)\0".utf8)
     }
 
-    static func doneRecord(_ sequence: UInt64) -> [UInt8] {
+    package static func doneRecord(_ sequence: UInt64) -> [UInt8] {
         Array("X\0\(sequence)\0".utf8)
     }
 
     /// The deletes a journal's bytes still owe, oldest first. Parsing stops at the first record
     /// that is not whole (the end a crash cut short).
-    static func parse(_ bytes: [UInt8]) -> [DeleteEntry] {
+    package static func parse(_ bytes: [UInt8]) -> [DeleteEntry] {
         var fields = bytes.split(separator: 0, omittingEmptySubsequences: false).map { String(decoding: $0, as: UTF8.self) }
         // The text after the last NUL is no whole field.
         fields.removeLast()

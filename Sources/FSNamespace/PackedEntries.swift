@@ -1,3 +1,4 @@
+import FSCore
 import ObjectStore
 
 /// Directory entries of one directory, stored in a few flat arrays instead of one
@@ -15,9 +16,9 @@ import ObjectStore
 ///    has attributes (a listing of other tools' objects has none).
 /// Whatever does not pack (another key, ETag, content type or time) is kept as it came, in a
 /// table of exceptions: an entry reads back exactly as it was appended.
-struct PackedEntries: Sendable, RandomAccessCollection {
+package struct PackedEntries: Sendable, RandomAccessCollection {
     /// The key prefix of the directory the entries are in ("" or ending in "/").
-    let prefix: String
+    package let prefix: String
 
     private var names: [UInt8] = []
     /// Where each name ends in `names`.
@@ -40,36 +41,36 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     private var exceptions: [Int32: Exception] = [:]
 
     private struct Exception: Sendable {
-        var key: String?
-        var etag: String?
-        var contentType: String?
-        var lastModified: Timestamp?
+        package var key: String?
+        package var etag: String?
+        package var contentType: String?
+        package var lastModified: Timestamp?
     }
 
     private enum Flag {
-        static let kind: UInt8 = 0x07
-        static let exception: UInt8 = 0x08
-        static let noEtag: UInt8 = 0x10
-        static let hasMtime: UInt8 = 0x20
+        package static let kind: UInt8 = 0x07
+        package static let exception: UInt8 = 0x08
+        package static let noEtag: UInt8 = 0x10
+        package static let hasMtime: UInt8 = 0x20
     }
 
-    init(prefix: String) { self.prefix = prefix }
+    package init(prefix: String) { self.prefix = prefix }
 
-    init(prefix: String, _ entries: some Sequence<DirectoryEntry>) {
+    package init(prefix: String, _ entries: some Sequence<DirectoryEntry>) {
         self.prefix = prefix
         append(contentsOf: entries)
     }
 
-    var startIndex: Int { 0 }
-    var endIndex: Int { ends.count }
+    package var startIndex: Int { 0 }
+    package var endIndex: Int { ends.count }
 
     /// Bytes held (the arrays' contents, not their spare capacity), for tests and --stats.
-    var bytes: Int {
+    package var bytes: Int {
         names.count + ends.count * 4 + flags.count + sizes.count * 4 + (wideSizes?.count ?? 0) * 8 + modified.count * 8
             + digests.count * 8 + styleNumbers.count * 2 + mtimes.count * 8 + exceptions.count * 64
     }
 
-    subscript(position: Int) -> DirectoryEntry {
+    package subscript(position: Int) -> DirectoryEntry {
         let start = position == 0 ? 0 : Int(ends[position - 1])
         let name = names.withUnsafeBufferPointer { String(decoding: $0[start..<Int(ends[position])], as: UTF8.self) }
         let flag = flags[position]
@@ -97,7 +98,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
 
     /// Gives back the spare capacity appending left (up to half of each array: a third of a
     /// 200 000-entry listing's memory), for a listing that is complete and only read from now on.
-    mutating func compact() {
+    package mutating func compact() {
         func exact<T>(_ array: inout [T]) {
             if array.capacity > array.count + array.count / 8 { array = array.withUnsafeBufferPointer { Array($0) } }
         }
@@ -117,11 +118,11 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         styles.forgetNumbers()
     }
 
-    mutating func append(contentsOf entries: some Sequence<DirectoryEntry>) {
+    package mutating func append(contentsOf entries: some Sequence<DirectoryEntry>) {
         for entry in entries { append(entry) }
     }
 
-    mutating func append(_ entry: DirectoryEntry) {
+    package mutating func append(_ entry: DirectoryEntry) {
         let position = Int32(ends.count)
         var exception = Exception()
         names.append(contentsOf: entry.name.utf8)
@@ -214,7 +215,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     }
 
     /// The entries for which `keep` is true, in order.
-    func filter(_ keep: (DirectoryEntry) -> Bool) -> PackedEntries {
+    package func filter(_ keep: (DirectoryEntry) -> Bool) -> PackedEntries {
         var result = PackedEntries(prefix: prefix)
         for entry in self where keep(entry) { result.append(entry) }
         return result
@@ -223,7 +224,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     /// `Filesystem.needsMetadata` of the entry at `position`, without making a `DirectoryEntry`
     /// (this runs for every entry of every listing: making each one took a sixth of the daemon's
     /// time in a walk).
-    func needsMetadata(_ position: Int) -> Bool {
+    package func needsMetadata(_ position: Int) -> Bool {
         switch Self.kinds[Int(flags[position] & Flag.kind)] {
         case .directory: return true
         case .symlink, .fifo, .socket: return false
@@ -232,11 +233,11 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     }
 
     /// Whether the entry at `position` is a directory (without making a `DirectoryEntry`).
-    func isDirectory(_ position: Int) -> Bool { Self.kinds[Int(flags[position] & Flag.kind)] == .directory }
+    package func isDirectory(_ position: Int) -> Bool { Self.kinds[Int(flags[position] & Flag.kind)] == .directory }
 
     /// The position of the entry named `name` in entries in a listing's order: by the bytes of
     /// their names, a directory's with its "/" (`a.txt` before `a/`), if there is one.
-    func sortedPosition(of name: String) -> Int? {
+    package func sortedPosition(of name: String) -> Int? {
         var text = name
         return text.withUTF8 { wanted -> Int? in
             // A file of that name sorts as `name`, a directory as `name/`: look for either.
@@ -276,7 +277,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     }
 
     /// The name at `position` as bytes, without making a `DirectoryEntry`.
-    func withName<T>(_ position: Int, _ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
+    package func withName<T>(_ position: Int, _ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
         let start = position == 0 ? 0 : Int(ends[position - 1])
         return names.withUnsafeBufferPointer { body(UnsafeBufferPointer(rebasing: $0[start..<Int(ends[position])])) }
     }
@@ -294,14 +295,14 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         }
     }
 
-    static func nanoseconds(_ time: Timestamp) -> Int64? {
+    package static func nanoseconds(_ time: Timestamp) -> Int64? {
         let (product, overflow) = time.seconds.multipliedReportingOverflow(by: 1_000_000_000)
         guard !overflow, time.nanoseconds >= 0, time.nanoseconds < 1_000_000_000 else { return nil }
         let (sum, overflowed) = product.addingReportingOverflow(Int64(time.nanoseconds))
         return overflowed ? nil : sum
     }
 
-    static func timestamp(_ nanoseconds: Int64) -> Timestamp {
+    package static func timestamp(_ nanoseconds: Int64) -> Timestamp {
         let (seconds, rest) = nanoseconds.quotientAndRemainder(dividingBy: 1_000_000_000)
         return rest < 0
             ? Timestamp(seconds: seconds - 1, nanoseconds: Int32(rest + 1_000_000_000))
@@ -309,7 +310,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
     }
 
     /// An ETag of exactly 32 lower-case hex digits, as two words.
-    static func digest(_ etag: String) -> (UInt64, UInt64)? {
+    package static func digest(_ etag: String) -> (UInt64, UInt64)? {
         var words: (UInt64, UInt64) = (0, 0)
         var count = 0
         for byte in etag.utf8 {
@@ -330,7 +331,7 @@ struct PackedEntries: Sendable, RandomAccessCollection {
         return count == 32 ? words : nil
     }
 
-    static func hex(_ high: UInt64, _ low: UInt64) -> String {
+    package static func hex(_ high: UInt64, _ low: UInt64) -> String {
         let digits = Array("0123456789abcdef".utf8)
         return String(unsafeUninitializedCapacity: 32) { buffer in
             for i in 0..<16 {
@@ -344,24 +345,24 @@ struct PackedEntries: Sendable, RandomAccessCollection {
 
 /// What many entries and nodes share: the base content type and csspfs's mode and owners
 /// parameters (each maybe absent). A listing or a mount sees a few.
-struct NodeStyle: Hashable, Sendable {
-    var baseContentType: ExactString
-    var mode: UInt16?
-    var uid: UInt32?
-    var gid: UInt32?
+package struct NodeStyle: Hashable, Sendable {
+    package var baseContentType: ExactString
+    package var mode: UInt16?
+    package var uid: UInt32?
+    package var gid: UInt32?
 }
 
 /// Styles numbered in the order they first come, each kept once; past `limit` of them there is
 /// no number for a new one (its entry or node is kept whole).
-struct NumberedStyles: Sendable {
-    let limit: Int
+package struct NumberedStyles: Sendable {
+    package let limit: Int
     private var styles: [NodeStyle] = []
     /// Made again when needed after `forgetNumbers`.
     private var numbers: [NodeStyle: UInt32] = [:]
 
-    init(limit: Int) { self.limit = limit }
+    package init(limit: Int) { self.limit = limit }
 
-    mutating func number(_ style: NodeStyle) -> UInt32? {
+    package mutating func number(_ style: NodeStyle) -> UInt32? {
         if numbers.isEmpty && !styles.isEmpty {
             for (number, known) in styles.enumerated() { numbers[known] = UInt32(number) }
         }
@@ -374,7 +375,7 @@ struct NumberedStyles: Sendable {
     }
 
     /// Drops the table from styles to numbers (a complete listing only reads).
-    mutating func forgetNumbers() { numbers = [:] }
+    package mutating func forgetNumbers() { numbers = [:] }
 
-    subscript(number: UInt32) -> NodeStyle { styles[Int(number)] }
+    package subscript(number: UInt32) -> NodeStyle { styles[Int(number)] }
 }

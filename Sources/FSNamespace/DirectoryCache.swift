@@ -1,4 +1,5 @@
 import Dispatch
+import FSCore
 import ObjectStore
 
 /// Remembered directory listings and the lookup heuristics around them. A value type with no I/O
@@ -26,14 +27,14 @@ import ObjectStore
 /// 5. At most `nameLimit` names are remembered in listings (`meta_max_entries`): past it the
 ///    listings remembered longest ago are dropped, the newest never. A dropped listing leaves what
 ///    was recorded in it since (its changes, for readers still reading it) and answers nothing.
-struct DirectoryCache {
-    struct Listing {
-        var entries: EntryTable
-        var completedAt: Double
+package struct DirectoryCache {
+    package struct Listing {
+        package var entries: EntryTable
+        package var completedAt: Double
         /// The `StoreClock` tick taken before its first request (the attribute rule, `Node+Merge`).
-        var askedAt: UInt64
+        package var askedAt: UInt64
         /// Dropped under the bound (rule 5): only its changes are left, and it answers nothing.
-        var dropped = false
+        package var dropped = false
         /// Listings are numbered as they are remembered (0: not yet), the newest highest.
         fileprivate var number: UInt64 = 0
     }
@@ -41,10 +42,10 @@ struct DirectoryCache {
     /// Remembered listings by directory, and how many names they hold (rule 5).
     private struct Listings {
         private var byDirectory: [InodeNumber: Listing] = [:]
-        private(set) var names = 0
+        package private(set) var names = 0
         private var remembered: UInt64 = 0
 
-        subscript(directory: InodeNumber) -> Listing? {
+        package subscript(directory: InodeNumber) -> Listing? {
             get { byDirectory[directory] }
             set {
                 names -= byDirectory[directory]?.entries.count ?? 0
@@ -59,12 +60,12 @@ struct DirectoryCache {
         }
 
         /// A change made here, applied in place (the listing's name count stays).
-        mutating func apply(_ name: ExactString, _ entry: DirectoryEntry?, in directory: InodeNumber) {
+        package mutating func apply(_ name: ExactString, _ entry: DirectoryEntry?, in directory: InodeNumber) {
             byDirectory[directory]?.entries[name] = entry
         }
 
         /// The listings still answering, the first remembered first.
-        var byAge: [InodeNumber] {
+        package var byAge: [InodeNumber] {
             byDirectory.filter { !$0.value.dropped }.sorted { $0.value.number < $1.value.number }.map(\.key)
         }
     }
@@ -72,23 +73,23 @@ struct DirectoryCache {
     /// One change made here (rule 2): the change count it made, when, and the name's entry
     /// after it (nil: removed).
     private struct Change {
-        var count: UInt64
-        var at: Double
-        var name: ExactString
-        var entry: DirectoryEntry?
+        package var count: UInt64
+        package var at: Double
+        package var name: ExactString
+        package var entry: DirectoryEntry?
         /// A listing that started after it showed it: not applied to later listings (rule 2),
         /// kept for the answers from before it (rule 4).
-        var shown = false
+        package var shown = false
     }
 
     /// How long a change made here is applied again to later listings (rule 2).
-    let journalSeconds: Double
+    package let journalSeconds: Double
     /// At most this many changes are journaled per directory; older ones are forgotten sooner.
-    static let journalLimit = 10_000
+    package static let journalLimit = 10_000
 
     private var listings = Listings()
     /// At most this many names in remembered listings (rule 5; 0: no bound).
-    let nameLimit: Int
+    package let nameLimit: Int
     /// When each directory was last looked in (a lookup, a readdir, a change), as a count of
     /// uses: the directories used longest ago give up their names first (`Filesystem+Bound`).
     private var used: [InodeNumber: UInt64] = [:]
@@ -107,10 +108,10 @@ struct DirectoryCache {
     /// When the names of each directory were last used (`noteNamesUsed`).
     private var usedAt: [InodeNumber: Double] = [:]
     /// When a lookup last had to ask the server about one name in a directory.
-    var lastResolved: [InodeNumber: Double] = [:]
+    package var lastResolved: [InodeNumber: Double] = [:]
     /// Directories being listed for lookups right now (one listing at a time each): the group
     /// is left when the listing ends, and lookups in the directory wait for it.
-    var listingForLookup: [InodeNumber: DispatchGroup] = [:]
+    package var listingForLookup: [InodeNumber: DispatchGroup] = [:]
     /// Inode numbers readdir showed for names that had no node yet (d_ino), per directory: the
     /// node a later lookup makes takes the same number.
     private var reserved: [InodeNumber: [ExactString: InodeNumber]] = [:]
@@ -120,16 +121,16 @@ struct DirectoryCache {
     private var forgottenStart = 0
     private var forgottenLimit: Int { nameLimit > 0 ? max(4096, nameLimit / 10) : 25_000 }
 
-    init(journalSeconds: Double = 5, nameLimit: Int = 0) {
+    package init(journalSeconds: Double = 5, nameLimit: Int = 0) {
         self.journalSeconds = journalSeconds
         self.nameLimit = nameLimit
     }
 
     /// Names in the listings remembered now (rule 5).
-    var rememberedNames: Int { listings.names }
+    package var rememberedNames: Int { listings.names }
 
     /// `directory` is being looked in.
-    mutating func touch(_ directory: InodeNumber) {
+    package mutating func touch(_ directory: InodeNumber) {
         uses += 1
         used[directory] = uses
     }
@@ -137,32 +138,32 @@ struct DirectoryCache {
     /// The names of `directory` were used at `now` (the filesystem's clock): it was read, a
     /// file in it was looked up, or something in it changed here. Passing through it on the way
     /// to a subdirectory is not a use (`Filesystem+Poll` lists the directories used).
-    mutating func noteNamesUsed(_ directory: InodeNumber, now: Double) {
+    package mutating func noteNamesUsed(_ directory: InodeNumber, now: Double) {
         usedAt[directory] = now
     }
 
     /// Directories whose names were used at `time` or later (polling, `Filesystem+Poll`).
-    func usedSince(_ time: Double) -> [InodeNumber] { usedAt.compactMap { $0.value >= time ? $0.key : nil } }
+    package func usedSince(_ time: Double) -> [InodeNumber] { usedAt.compactMap { $0.value >= time ? $0.key : nil } }
 
     /// Every remembered listing expires (the container changed, who knows where): the next
     /// lookup or readdir lists again. Its entries stay, as any expired listing's do (`anyListing`),
     /// and so do the changes made here, the reserved numbers and the uses.
-    mutating func expireAllListings() {
+    package mutating func expireAllListings() {
         for directory in listings.byAge { listings[directory]?.completedAt = -.infinity }
     }
 
     /// The remembered listing of `directory` expires (polling: no poll keeps it true any more).
-    mutating func expireListing(_ directory: InodeNumber) {
+    package mutating func expireListing(_ directory: InodeNumber) {
         listings[directory]?.completedAt = -.infinity
     }
 
     /// Directories looked in, the one used longest ago first.
-    var directoriesByUse: [InodeNumber] { used.sorted { $0.value < $1.value }.map(\.key) }
+    package var directoriesByUse: [InodeNumber] { used.sorted { $0.value < $1.value }.map(\.key) }
 
     /// Drops the listings remembered longest ago until at most nine tenths of `nameLimit` names are
     /// remembered, keeping the newest (rule 5). Returns the names dropped.
     @discardableResult
-    mutating func bound() -> Int {
+    package mutating func bound() -> Int {
         guard nameLimit > 0, listings.names > nameLimit else { return 0 }
         let before = listings.names
         for directory in listings.byAge.dropLast() where listings.names > nameLimit - nameLimit / 10 {
@@ -177,7 +178,7 @@ struct DirectoryCache {
     /// The number readdir shows for `name` in `directory` without a node: reserved once, with
     /// `allocate`, then the same until the directory is dropped, unless `isFree` says a node
     /// holds it (one reserved by `reserve`, whose node lives on under no name or another).
-    mutating func reservedInode(
+    package mutating func reservedInode(
         _ directory: InodeNumber, _ name: String, isFree: (InodeNumber) -> Bool, allocate: () -> InodeNumber
     ) -> InodeNumber {
         if let number = reserved[directory]?[name.exact], isFree(number) { return number }
@@ -188,13 +189,13 @@ struct DirectoryCache {
 
     /// Reserves `number`, a node's that readdir showed, for `name`: if the node goes before a
     /// lookup, the node that lookup makes takes the number.
-    mutating func reserve(_ directory: InodeNumber, _ name: String, _ number: InodeNumber) {
+    package mutating func reserve(_ directory: InodeNumber, _ name: String, _ number: InodeNumber) {
         reserved[directory, default: [:]][name.exact] = number
     }
 
     /// Keeps the number of a node the kernel forgot for the next node of its name (readdir may
     /// have shown it: d_ino = st_ino), for the latest `forgottenLimit` such names only.
-    mutating func reserveForgotten(_ directory: InodeNumber, _ name: String, _ number: InodeNumber) {
+    package mutating func reserveForgotten(_ directory: InodeNumber, _ name: String, _ number: InodeNumber) {
         reserve(directory, name, number)
         forgotten.append((directory, name.exact, number))
         guard forgotten.count - forgottenStart > forgottenLimit else { return }
@@ -209,24 +210,24 @@ struct DirectoryCache {
 
     /// Takes the number reserved for `name`, if any: a node is being made for it, which owns the
     /// number from now on.
-    mutating func takeReservation(_ directory: InodeNumber, _ name: String) -> InodeNumber? {
+    package mutating func takeReservation(_ directory: InodeNumber, _ name: String) -> InodeNumber? {
         reserved[directory]?.removeValue(forKey: name.exact)
     }
 
     /// The remembered listing of `directory` if it is younger than `maximumAge`.
-    func listing(_ directory: InodeNumber, now: Double, maximumAge: Double) -> Listing? {
+    package func listing(_ directory: InodeNumber, now: Double, maximumAge: Double) -> Listing? {
         guard let listing = listings[directory], !listing.dropped, now - listing.completedAt <= maximumAge else { return nil }
         return listing
     }
 
     /// Any remembered listing of `directory`, however old, or what is left of it (rule 5).
-    func anyListing(_ directory: InodeNumber) -> Listing? { listings[directory] }
+    package func anyListing(_ directory: InodeNumber) -> Listing? { listings[directory] }
 
     /// Changes journaled now, in every directory.
-    var journaledChanges: Int { journals.values.reduce(0) { $0 + $1.count } }
+    package var journaledChanges: Int { journals.values.reduce(0) { $0 + $1.count } }
 
     /// The change count to pass to `remember` for a listing that starts now.
-    func changeCount(_ directory: InodeNumber) -> UInt64 { changes[directory] ?? 0 }
+    package func changeCount(_ directory: InodeNumber) -> UInt64 { changes[directory] ?? 0 }
 
     /// `entries` of a complete listing that started at change count `startedAt`, with the
     /// changes journaled here applied (rule 2). Remembered unless a change made after it
@@ -238,7 +239,7 @@ struct DirectoryCache {
     /// `confirmed`: names for which a HEAD after the listing agreed with it against a change
     /// made here before it started (another client removed the name made here): the listing
     /// is right about them, no lag, and they count as shown.
-    mutating func remember(
+    package mutating func remember(
         _ entries: EntryTable, for directory: InodeNumber, now: Double, startedAt: UInt64, askedAt: UInt64,
         stillListed: Set<ExactString> = [], confirmed: Set<ExactString> = [],
         current: (ExactString) -> DirectoryEntry? = { _ in nil }
@@ -285,7 +286,7 @@ struct DirectoryCache {
     /// lacks: a listing lagging behind this mount's writes, or another client's removal since.
     /// Only a HEAD tells which (`Filesystem+Poll`). (A name removed here that the store still
     /// lists is left out of the listing's pages by its reader: not checked.)
-    func madeHereButNotListed(_ directory: InodeNumber, by entries: EntryTable, startedAt: UInt64) -> [ExactString] {
+    package func madeHereButNotListed(_ directory: InodeNumber, by entries: EntryTable, startedAt: UInt64) -> [ExactString] {
         var latest: [ExactString: DirectoryEntry?] = [:]
         for change in journals[directory] ?? [] where change.count <= startedAt && !change.shown {
             latest[change.name] = change.entry
@@ -297,17 +298,17 @@ struct DirectoryCache {
     }
 
     /// A new, empty directory made here: its listing is known.
-    mutating func rememberEmpty(_ directory: InodeNumber, now: Double, askedAt: UInt64) {
+    package mutating func rememberEmpty(_ directory: InodeNumber, now: Double, askedAt: UInt64) {
         forgetChanges(directory)
         listings[directory] = Listing(entries: EntryTable.empty, completedAt: now, askedAt: askedAt)
     }
 
     /// Counts every change made here and every failed one, in any directory: a listing fetched
     /// ahead (`Filesystem+ListAhead`) is used only while it has not moved.
-    private(set) var generation: UInt64 = 0
+    package private(set) var generation: UInt64 = 0
 
     /// A change we made to `name` in `directory` (nil entry: removed), at `now`.
-    mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?, now: Double) {
+    package mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?, now: Double) {
         generation += 1
         let count = changeCount(directory) + 1
         changes[directory] = count
@@ -326,7 +327,7 @@ struct DirectoryCache {
     }
 
     /// What this mount made of a name since an answer about it (rule 4).
-    enum Since: Equatable {
+    package enum Since: Equatable {
         /// Nothing: the answer stands.
         case nothing
         /// This entry (nil: removed) after the answer: it describes the name better.
@@ -336,7 +337,7 @@ struct DirectoryCache {
     }
 
     /// What this mount made of `name` in `directory` after change count `count` (rule 4).
-    func changeSince(_ directory: InodeNumber, _ name: String, count: UInt64) -> Since {
+    package func changeSince(_ directory: InodeNumber, _ name: String, count: UInt64) -> Since {
         guard changeCount(directory) > count else { return .nothing }
         guard count >= forgottenUpTo[directory] ?? 0 else { return .unknown }
         guard let change = latest[directory]?[name.exact], change.count > count else { return .nothing }
@@ -345,7 +346,7 @@ struct DirectoryCache {
 
     /// Names whose last change made here (still journaled) removed them: a listing that lags
     /// behind may still show them.
-    func removedHere(_ directory: InodeNumber, now: Double) -> Set<ExactString> {
+    package func removedHere(_ directory: InodeNumber, now: Double) -> Set<ExactString> {
         var last: [ExactString: Bool] = [:]
         for change in journals[directory] ?? [] where now - change.at <= journalSeconds {
             last[change.name] = change.entry == nil && !change.shown
@@ -356,7 +357,7 @@ struct DirectoryCache {
     /// An operation on `name` in `directory` failed part-way: the store may hold the old state,
     /// the new one or a mix, so the listing goes and so do that name's journaled changes;
     /// listings under way are refused. The other names' changes stay journaled.
-    mutating func forget(_ name: String, in directory: InodeNumber) {
+    package mutating func forget(_ name: String, in directory: InodeNumber) {
         generation += 1
         let kept = journals[directory]?.filter { $0.name != name.exact }
         forgetChanges(directory)
@@ -365,7 +366,7 @@ struct DirectoryCache {
     }
 
     /// Forgets the listing of `directory` (renamed, removed, forgotten).
-    mutating func drop(_ directory: InodeNumber) {
+    package mutating func drop(_ directory: InodeNumber) {
         forgetChanges(directory)
         listings[directory] = nil
         lastResolved[directory] = nil
@@ -406,7 +407,7 @@ struct DirectoryCache {
 
 extension DirectoryCache {
     /// The directory's node is gone for good (inode numbers are never reused): drop everything.
-    mutating func remove(_ directory: InodeNumber) {
+    package mutating func remove(_ directory: InodeNumber) {
         listings[directory] = nil
         changes[directory] = nil
         journals[directory] = nil
@@ -424,7 +425,7 @@ extension DirectoryCache {
 /// overlay. (As a dictionary of entries, a 200 000-entry listing took 118 MiB; heaptrack.)
 /// A remembered listing: its entries (packed, see `PackedEntries`) by name, with the changes
 /// made here since.
-struct EntryTable {
+package struct EntryTable {
     private let entries: PackedEntries
     /// Positions in `entries` in the order of the names' bytes, ties by position; nil when the
     /// listing is in that order already (the usual case: it costs nothing then).
@@ -432,10 +433,10 @@ struct EntryTable {
     /// Names changed here since: their entry, or nil when removed.
     private var changes: [ExactString: DirectoryEntry?] = [:]
 
-    static let empty = EntryTable(PackedEntries(prefix: ""))
+    package static let empty = EntryTable(PackedEntries(prefix: ""))
 
     /// A later entry of the same name wins (as in the listing).
-    init(_ entries: PackedEntries) {
+    package init(_ entries: PackedEntries) {
         self.entries = entries
         var inOrder = true
         for position in entries.indices.dropFirst()
@@ -487,7 +488,7 @@ struct EntryTable {
         }
     }
 
-    subscript(name: ExactString) -> DirectoryEntry? {
+    package subscript(name: ExactString) -> DirectoryEntry? {
         get {
             if let change = changes[name] { return change }
             return position(of: name).map { entries[$0] }
@@ -496,24 +497,24 @@ struct EntryTable {
     }
 
     /// Names in the listing itself (a name listed twice counts twice; changes made here do not count).
-    var count: Int { entries.count }
+    package var count: Int { entries.count }
 
     /// Only the changes made here (rule 5): the listing's own entries are dropped.
-    var changesOnly: EntryTable {
+    package var changesOnly: EntryTable {
         var table = EntryTable(PackedEntries(prefix: entries.prefix))
         table.changes = changes
         return table
     }
 
     /// Entries of names the listing itself lacks (made here since, or not listed yet), sorted.
-    var addedHere: [DirectoryEntry] {
+    package var addedHere: [DirectoryEntry] {
         changes.compactMap { name, entry in position(of: name) == nil ? entry : nil }
             .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
     }
 
     /// Up to `count` entries after `name`'s in the order of the names' bytes, as they are now
     /// (changes made here included); none when the listing itself lacks `name`.
-    func following(_ name: ExactString, count: Int) -> [DirectoryEntry] {
+    package func following(_ name: ExactString, count: Int) -> [DirectoryEntry] {
         guard count > 0, let found = position(of: name) else { return [] }
         var rank = order.map { $0.firstIndex(of: Int32(found)) ?? entries.count } ?? found
         var result: [DirectoryEntry] = []
@@ -530,10 +531,10 @@ struct EntryTable {
     }
 
     /// Whether the listing itself has `name` (whatever changed here since).
-    func listed(_ name: ExactString) -> Bool { position(of: name) != nil }
+    package func listed(_ name: ExactString) -> Bool { position(of: name) != nil }
 
     /// Every entry now (one per name), sorted by the bytes of the names.
-    var sorted: PackedEntries {
+    package var sorted: PackedEntries {
         // In order, each name once, nothing changed: the entries as they are (no copy; this runs
         // under the filesystem's lock for every readdir of a remembered listing).
         if order == nil && changes.isEmpty { return entries }

@@ -1,4 +1,6 @@
 import Dispatch
+import FSCore
+import FSJournal
 import Locking
 import ObjectStore
 import Synchronization
@@ -18,36 +20,36 @@ import Synchronization
 ///    that took the pipeline just before may still call `advance`: `finish` seals it first, and
 ///    a sealed pipeline starts nothing.
 /// 4. Lock order: `SpoolFile.state`, then `EarlyParts.state`. No lock is held during an upload.
-final class EarlyParts: Sendable {
-    let session: UploadSession
-    let partSize: Int64
+package final class EarlyParts: Sendable {
+    package let session: UploadSession
+    package let partSize: Int64
     private let store: any ObjectStore
     private let concurrency: Int
     private let pool: BackgroundPool
     private let group = DispatchGroup()
     /// The parts' progress, shown as an upload in progress of the bytes written so far.
-    let progress = TransferProgress()
+    package let progress = TransferProgress()
     private let transfers: Transfers
     private let shown: Int
 
-    struct Part {
-        var etag: String
+    package struct Part {
+        package var etag: String
         /// The spool generation of the part's last write when the upload started.
-        var generation: UInt64
+        package var generation: UInt64
     }
 
     private struct State {
-        var done: [Int: Part] = [:]
-        var running: Set<Int> = []
+        package var done: [Int: Part] = [:]
+        package var running: Set<Int> = []
         /// An upload took the parts over (`finish`): nothing more goes below the prefix, which a
         /// manifest may name from now on.
-        var sealed = false
+        package var sealed = false
     }
 
     /// Protects finished and running parts.
     private let state = Locked(State())
 
-    init(store: any ObjectStore, session: UploadSession, partSize: Int64, concurrency: Int, pool: BackgroundPool, transfers: Transfers) {
+    package init(store: any ObjectStore, session: UploadSession, partSize: Int64, concurrency: Int, pool: BackgroundPool, transfers: Transfers) {
         self.transfers = transfers
         shown = transfers.begin(key: session.key, progress: progress)
         self.store = store
@@ -59,7 +61,7 @@ final class EarlyParts: Sendable {
 
     /// Starts uploads of whole parts below `writtenEnd` that are neither done nor running, at most
     /// `concurrency` at a time. `generation(index)` is the part's last write generation.
-    func advance(path: String, writtenEnd: Int64, generation: (Int) -> UInt64) {
+    package func advance(path: String, writtenEnd: Int64, generation: (Int) -> UInt64) {
         if writtenEnd > progress.bytesTotal { progress.setTotal(writtenEnd) }
         let complete = Int(writtenEnd / partSize)
         let starting: [(Int, UInt64)] = state.withLock { s in
@@ -96,7 +98,7 @@ final class EarlyParts: Sendable {
     }
 
     /// The upload at close (or the end of the file) takes over: no longer listed in `Transfers`.
-    func stopShowing() {
+    package func stopShowing() {
         transfers.end(shown)
     }
 
@@ -105,7 +107,7 @@ final class EarlyParts: Sendable {
     /// Seals the pipeline (no upload starts from now on: a part sent after the upload was
     /// finished would change the stored object on Swift, whose manifest names a prefix), waits for running uploads; then the parts
     /// that may be reused as they are.
-    func finish() -> [Int: Part] {
+    package func finish() -> [Int: Part] {
         state.withLock { $0.sealed = true }
         group.wait()
         return state.withLock { $0.done }

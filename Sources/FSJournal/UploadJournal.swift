@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 
 #if canImport(Glibc)
@@ -23,31 +24,31 @@ import Glibc
 ///    owed, it is replaced (durably) with the last record of each data file still there, in
 ///    order. At open it is compacted to what earlier processes left.
 /// 4. Order: leftovers come oldest first, by their last record (a note rewritten is younger).
-final class UploadJournal: Sendable {
-    static let fileName = "uploads.journal"
-    static let compactBytes = 1 << 20
+package final class UploadJournal: Sendable {
+    package static let fileName = "uploads.journal"
+    package static let compactBytes = 1 << 20
 
     private struct Owed {
         /// The data files owed something, with the order and the bytes of their last record.
-        var notes: [String: (order: UInt64, record: [UInt8])] = [:]
-        var nextOrder: UInt64 = 0
+        package var notes: [String: (order: UInt64, record: [UInt8])] = [:]
+        package var nextOrder: UInt64 = 0
         /// The file's size, and the bytes of the records in `notes`.
-        var size = 0
-        var owedBytes = 0
+        package var size = 0
+        package var owedBytes = 0
     }
 
-    let directory: String
+    package let directory: String
     private let log: AppendLog
     private let owed = Locked(Owed())
     /// Data files made in the directory, and those whose names a sync made durable.
     private let made = Locked((made: UInt64(0), synced: UInt64(0)))
 
     /// The data files an earlier process left a note for (name, note), oldest first.
-    let leftovers: [(name: String, note: Spool.PendingUpload)]
+    package let leftovers: [(name: String, note: Spool.PendingUpload)]
 
     /// Opens the journal of `directory` in `file`, keeping only the notes of data files that
     /// exist (`exists`, by name) and compacting the file to them.
-    init(directory: String, file: any JournalFile, exists: (String) -> Bool) {
+    package init(directory: String, file: any JournalFile, exists: (String) -> Bool) {
         self.directory = directory
         let found = Self.parse(file.contents()).filter { exists($0.name) }
         leftovers = Self.decoded(found)
@@ -74,13 +75,13 @@ final class UploadJournal: Sendable {
     }
 
     /// A data file was made in the directory: the next sync makes its name durable.
-    func dataFileMade() {
+    package func dataFileMade() {
         made.withLock { $0.made += 1 }
     }
 
     /// Records `note` as what data file `name` is owed; with `sync`, returns once it is durable
     /// (with every note before it). False when it could not be written or synced.
-    func write(_ name: String, note: Spool.PendingUpload, sync: Bool) -> Bool {
+    package func write(_ name: String, note: Spool.PendingUpload, sync: Bool) -> Bool {
         let record = Self.record(name, note: note.encoded)
         let number = log.append(record) {
             owed.withLock { o in
@@ -97,7 +98,7 @@ final class UploadJournal: Sendable {
     }
 
     /// Records that data file `name` is owed nothing any more (its bytes stay).
-    func remove(_ name: String) {
+    package func remove(_ name: String) {
         let record = Array("R\0\(name)\0".utf8)
         _ = log.append(record) {
             owed.withLock { o in
@@ -108,12 +109,12 @@ final class UploadJournal: Sendable {
     }
 
     /// Makes every record so far durable.
-    func sync() -> Bool {
+    package func sync() -> Bool {
         log.commit(upTo: log.appended)
     }
 
     /// The number of records appended (tests count the notes written with it).
-    var appended: UInt64 { log.appended }
+    package var appended: UInt64 { log.appended }
 
     /// Subtlety 3.
     private func compactIfLarge() {
@@ -135,20 +136,20 @@ final class UploadJournal: Sendable {
     // MARK: Records
 
     /// The notes `parse` found, decoded (one that does not decode is dropped).
-    static func decoded(_ notes: [(name: String, note: [UInt8])]) -> [(name: String, note: Spool.PendingUpload)] {
+    package static func decoded(_ notes: [(name: String, note: [UInt8])]) -> [(name: String, note: Spool.PendingUpload)] {
         notes.compactMap { name, bytes in
             Spool.PendingUpload(decoding: String(decoding: bytes, as: UTF8.self)).map { (name, $0) }
         }
     }
 
     /// `U`, the data file's name, the note's length in bytes, the note (which holds NULs).
-    static func record(_ name: String, note: [UInt8]) -> [UInt8] {
+    package static func record(_ name: String, note: [UInt8]) -> [UInt8] {
         Array("U\0\(name)\0\(note.count)\0".utf8) + note
     }
 
     /// The notes of a journal's bytes: the last of each data file, oldest first. Parsing stops at
     /// the first record that is not whole (the end a crash cut short).
-    static func parse(_ bytes: [UInt8]) -> [(name: String, note: [UInt8])] {
+    package static func parse(_ bytes: [UInt8]) -> [(name: String, note: [UInt8])] {
         var notes: [String: (order: Int, note: [UInt8])] = [:]
         var index = 0
         var order = 0

@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 import ObjectStore
 
@@ -22,44 +23,44 @@ import Glibc
 /// 4. A failure leaves the entry owed: the caller gets the error (EIO for a stat or read, as
 ///    for any store failure), the background loop retries with backoff, and a mount that ends
 ///    first leaves the files for the next one.
-final class RecoveredWork: Sendable {
-    enum Item: Sendable {
+package final class RecoveredWork: Sendable {
+    package enum Item: Sendable {
         case upload(data: String, note: Spool.PendingUpload)
         case attributes(note: String, change: Spool.PendingUpload)
 
-        var key: String {
+        package var key: String {
             switch self {
             case .upload(_, let note): return note.key
             case .attributes(_, let change): return change.key
             }
         }
 
-        var isUpload: Bool { if case .upload = self { return true } else { return false } }
+        package var isUpload: Bool { if case .upload = self { return true } else { return false } }
     }
 
-    final class Entry: Sendable {
-        let item: Item
+    package final class Entry: Sendable {
+        package let item: Item
         /// Whether it is stored (or dropped, or moved to a conflict copy); held while storing.
-        let done = Locked(false)
+        package let done = Locked(false)
 
-        init(_ item: Item) { self.item = item }
+        package init(_ item: Item) { self.item = item }
     }
 
     /// Stores one item; errors leave it owed.
-    typealias Perform = @Sendable (Item) throws(ObjectStoreError) -> Void
+    package typealias Perform = @Sendable (Item) throws(ObjectStoreError) -> Void
 
     private struct State {
         /// Owed entries by key, oldest first.
-        var byKey: [ExactString: [Entry]] = [:]
-        var perform: Perform?
-        var stopped = false
+        package var byKey: [ExactString: [Entry]] = [:]
+        package var perform: Perform?
+        package var stopped = false
     }
 
     /// Every entry, oldest first (the background loop's order).
-    let entries: [Entry]
+    package let entries: [Entry]
     private let state: ConditionLocked<State>
 
-    init(_ items: [Item]) {
+    package init(_ items: [Item]) {
         entries = items.map(Entry.init)
         var byKey: [ExactString: [Entry]] = [:]
         for entry in entries { byKey[entry.item.key.exact, default: []].append(entry) }
@@ -74,7 +75,7 @@ final class RecoveredWork: Sendable {
     /// what came after (a utimens while the file was open). Stored after the upload, the note
     /// would put older attributes back: the upload of the same bytes has the ETag the note was
     /// made on (core model seed 40061).
-    static func owed(
+    package static func owed(
         uploads: [(data: String, note: Spool.PendingUpload)], attributes: [(note: String, change: Spool.PendingUpload)]
     ) -> (items: [Item], superseded: [(path: String, key: String)]) {
         let uploaded = Set(uploads.map(\.note.key.exact))
@@ -91,22 +92,22 @@ final class RecoveredWork: Sendable {
     }
 
     /// Installs how an item is stored (the filesystem, once it exists).
-    func install(_ perform: @escaping Perform) { state.withLock { $0.perform = perform } }
+    package func install(_ perform: @escaping Perform) { state.withLock { $0.perform = perform } }
 
     /// Whether nothing is owed (cheap: every store call asks it first).
-    var isEmpty: Bool { state.withLock { $0.byKey.isEmpty } }
+    package var isEmpty: Bool { state.withLock { $0.byKey.isEmpty } }
 
     /// How many entries are owed (`--status`, the drain).
-    var count: Int { state.withLock { $0.byKey.values.reduce(0) { $0 + $1.count } } }
+    package var count: Int { state.withLock { $0.byKey.values.reduce(0) { $0 + $1.count } } }
 
     /// Stores what is owed under `key` itself.
-    func settle(_ key: String) throws(ObjectStoreError) {
+    package func settle(_ key: String) throws(ObjectStoreError) {
         guard let owed = state.withLock({ $0.byKey.isEmpty ? nil : $0.byKey[key.exact] }) else { return }
         for entry in owed { try store(entry) }
     }
 
     /// Stores what a listing of `prefix` would show (subtlety 1).
-    func settle(listing prefix: String, delimiter: String?) throws(ObjectStoreError) {
+    package func settle(listing prefix: String, delimiter: String?) throws(ObjectStoreError) {
         let owed: [Entry] = state.withLock { s in
             guard !s.byKey.isEmpty else { return [] }
             var direct: [Entry] = []
@@ -141,7 +142,7 @@ final class RecoveredWork: Sendable {
     }
 
     /// Stores `entry` unless it is stored already (subtlety 2).
-    func store(_ entry: Entry) throws(ObjectStoreError) {
+    package func store(_ entry: Entry) throws(ObjectStoreError) {
         try entry.done.withLock { (done: inout Bool) throws(ObjectStoreError) in
             guard !done else { return }
             guard let perform = state.withLock({ $0.perform }) else {
@@ -157,7 +158,7 @@ final class RecoveredWork: Sendable {
     }
 
     /// Tries each owed entry once, now (the drain); errors leave them owed.
-    func storeOwed() {
+    package func storeOwed() {
         let owed = state.withLock { s in
             entries.filter { entry in s.byKey[entry.item.key.exact]?.contains { $0 === entry } == true }
         }
@@ -165,11 +166,11 @@ final class RecoveredWork: Sendable {
     }
 
     /// Waits `seconds` before a retry; false once `stop` was called.
-    func pause(_ seconds: Double) -> Bool {
+    package func pause(_ seconds: Double) -> Bool {
         _ = state.withLock(when: { $0.stopped }, timeout: seconds) { _ in }
         return !state.withLock { $0.stopped }
     }
 
     /// Ends the background loop's waits (shutdown).
-    func stop() { state.withLock { $0.stopped = true } }
+    package func stop() { state.withLock { $0.stopped = true } }
 }

@@ -1,3 +1,4 @@
+import FSCore
 import ObjectStore
 
 /// The store as this mount must see it while deletes are owed (`DeleteQueue`): keys whose
@@ -24,13 +25,13 @@ import ObjectStore
 ///    forgets a key once its delete is done (core model seed 7041: a HEAD after a rename showed
 ///    the old name, deleted a moment later). Listings are filtered with the deletes owed
 ///    before or after each page as well.
-final class JournaledStore: ObjectStore {
-    let wrapped: any ObjectStore
-    let deletes: DeleteQueue
+package final class JournaledStore: ObjectStore {
+    package let wrapped: any ObjectStore
+    package let deletes: DeleteQueue
     /// nil in the store recovery itself writes through (`RecoveredWork` subtlety 3).
-    let recovered: RecoveredWork?
+    package let recovered: RecoveredWork?
 
-    init(_ wrapped: any ObjectStore, deletes: DeleteQueue, recovered: RecoveredWork? = nil) {
+    package init(_ wrapped: any ObjectStore, deletes: DeleteQueue, recovered: RecoveredWork? = nil) {
         self.wrapped = wrapped
         self.deletes = deletes
         self.recovered = recovered
@@ -42,11 +43,11 @@ final class JournaledStore: ObjectStore {
         try recovered.settle(key)
     }
 
-    var containerName: String { wrapped.containerName }
-    var bulkDeleteLimit: Int? { wrapped.bulkDeleteLimit }
-    var honoursIfNoneMatch: Bool { wrapped.honoursIfNoneMatch }
+    package var containerName: String { wrapped.containerName }
+    package var bulkDeleteLimit: Int? { wrapped.bulkDeleteLimit }
+    package var honoursIfNoneMatch: Bool { wrapped.honoursIfNoneMatch }
 
-    func headContainer() throws(ObjectStoreError) -> ContainerInfo { try wrapped.headContainer() }
+    package func headContainer() throws(ObjectStoreError) -> ContainerInfo { try wrapped.headContainer() }
 
     /// Whether the listing entry is a key (or directory) whose delete is owed, or was owed when
     /// the listing was asked for (`before`, subtlety 7).
@@ -88,7 +89,7 @@ final class JournaledStore: ObjectStore {
         }
     }
 
-    func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+    package func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
         throws(ObjectStoreError) -> ListPage
     {
         if let recovered, !recovered.isEmpty { try recovered.settle(listing: prefix, delimiter: delimiter) }
@@ -99,7 +100,7 @@ final class JournaledStore: ObjectStore {
         return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: endMarker, limit: limit)
     }
 
-    func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+    package func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
         if let recovered, !recovered.isEmpty { try recovered.settle(listing: prefix, delimiter: delimiter) }
         let before = deletes.pendingVersions(withPrefix: prefix)
         guard !before.isEmpty else { return try wrapped.list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit) }
@@ -125,7 +126,7 @@ final class JournaledStore: ObjectStore {
         }
     }
 
-    func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
+    package func head(key: String) throws(ObjectStoreError) -> ObjectInfo {
         try recover(key)
         // Subtlety 7: the versions owed before the request count as well as those owed after.
         let owedBefore = deletes.isEmpty ? nil : deletes.pendingVersion(key)
@@ -141,7 +142,7 @@ final class JournaledStore: ObjectStore {
         return info
     }
 
-    func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
+    package func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
         -> ObjectInfo
     {
         try recover(key)
@@ -160,25 +161,25 @@ final class JournaledStore: ObjectStore {
         }
     }
 
-    func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
+    package func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
         throws(ObjectStoreError) -> String
     {
         try settle(key)
         return try wrapped.put(key: key, body: body, contentType: contentType, metadata: metadata, onlyIfAbsent: onlyIfAbsent)
     }
 
-    var maximumParts: Int { wrapped.maximumParts }
+    package var maximumParts: Int { wrapped.maximumParts }
 
-    func beginUpload(key: String) throws(ObjectStoreError) -> UploadSession { try wrapped.beginUpload(key: key) }
+    package func beginUpload(key: String) throws(ObjectStoreError) -> UploadSession { try wrapped.beginUpload(key: key) }
 
-    func uploadPart(_ session: UploadSession, number: Int, body: PutBody) throws(ObjectStoreError) -> String {
+    package func uploadPart(_ session: UploadSession, number: Int, body: PutBody) throws(ObjectStoreError) -> String {
         try wrapped.uploadPart(session, number: number, body: body)
     }
 
-    func discardPart(_ session: UploadSession, number: Int) { wrapped.discardPart(session, number: number) }
+    package func discardPart(_ session: UploadSession, number: Int) { wrapped.discardPart(session, number: number) }
 
     /// The key the upload is finished under is settled first, as before a PUT.
-    func finishUpload(
+    package func finishUpload(
         _ session: UploadSession, partETags: [String], size: Int64, partSize: Int64,
         destination: () throws(ObjectStoreError) -> String, contentType: String?, metadata: [String: String]
     ) throws(ObjectStoreError) -> FinishedUpload {
@@ -191,18 +192,18 @@ final class JournaledStore: ObjectStore {
             }, contentType: contentType, metadata: metadata)
     }
 
-    func abortUpload(_ session: UploadSession) { wrapped.abortUpload(session) }
+    package func abortUpload(_ session: UploadSession) { wrapped.abortUpload(session) }
 
-    func uploadETag(partETags: [String]) -> String { wrapped.uploadETag(partETags: partETags) }
+    package func uploadETag(partETags: [String]) -> String { wrapped.uploadETag(partETags: partETags) }
 
-    func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
+    package func putManifest(key: String, manifest: String, contentType: String?, metadata: [String: String])
         throws(ObjectStoreError)
     {
         try settle(key)
         try wrapped.putManifest(key: key, manifest: manifest, contentType: contentType, metadata: metadata)
     }
 
-    func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
+    package func copy(from source: String, to destination: String, contentType: String?, metadata: [String: String]?)
         throws(ObjectStoreError)
     {
         try recover(source)
@@ -210,23 +211,23 @@ final class JournaledStore: ObjectStore {
         try wrapped.copy(from: source, to: destination, contentType: contentType, metadata: metadata)
     }
 
-    func delete(key: String) throws(ObjectStoreError) {
+    package func delete(key: String) throws(ObjectStoreError) {
         try recover(key)
         try wrapped.delete(key: key)
     }
 
-    func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
+    package func bulkDelete(keys: [String]) throws(ObjectStoreError) -> [String] {
         try wrapped.bulkDelete(keys: keys)
     }
 
-    func setMetadata(key: String, contentType: String, metadata: [String: String], manifest: String?)
+    package func setMetadata(key: String, contentType: String, metadata: [String: String], manifest: String?)
         throws(ObjectStoreError)
     {
         try settle(key)
         try wrapped.setMetadata(key: key, contentType: contentType, metadata: metadata, manifest: manifest)
     }
 
-    func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
+    package func etag(ofFile path: String, offset: Int64, length: Int64) -> String? {
         wrapped.etag(ofFile: path, offset: offset, length: length)
     }
 }

@@ -1,3 +1,5 @@
+import FSCore
+import FSJournal
 import Locking
 import Synchronization
 
@@ -45,7 +47,7 @@ public final class KernelCache: Sendable {
     }
 
     /// Whether names can be handed to the kernel to forget.
-    var forgetsEntries: Bool { entryForgetter.withLock { $0 != nil } }
+    package var forgetsEntries: Bool { entryForgetter.withLock { $0 != nil } }
 
     /// Stops further calls and waits (up to 2 s) for running ones, so that the session can be
     /// destroyed. Called after the unmount, when the kernel fails any store at once.
@@ -60,7 +62,7 @@ public final class KernelCache: Sendable {
         }
     }
 
-    var isInstalled: Bool { installed.load(ordering: .sequentiallyConsistent) }
+    package var isInstalled: Bool { installed.load(ordering: .sequentiallyConsistent) }
 
     /// Runs `body` with what `installed` holds, counted in `running`; `installed` is read again
     /// after counting, so that `uninstall` either waits for this call or stops it.
@@ -77,18 +79,18 @@ public final class KernelCache: Sendable {
     }
 
     /// Asks the kernel to drop its entry for `name` in `parent` (see `ForgetEntry`).
-    func forgetEntry(_ parent: InodeNumber, _ name: String) {
+    package func forgetEntry(_ parent: InodeNumber, _ name: String) {
         counted({ entryForgetter.withLock { $0 } }) { $0(parent, name) }
     }
 
-    func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
+    package func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
         call { $0.store(inode, offset, bytes) }
     }
 
     /// Drops the kernel's pages and attributes of `inode`; with `pages` false only its
     /// attributes, which never waits for a read under way (dropping pages waits for the pages
     /// a read has locked until it is answered, so that is never done on a read's own thread).
-    func invalidate(_ inode: InodeNumber, pages: Bool = true) {
+    package func invalidate(_ inode: InodeNumber, pages: Bool = true) {
         call { $0.invalidate(inode, pages) }
     }
 }

@@ -1,3 +1,4 @@
+import FSCore
 import ObjectStore
 
 /// One name the filesystem knows: its identity (inode, parent, name, key, kind) and what the
@@ -6,62 +7,62 @@ import ObjectStore
 /// Kept small (issue 21: a node per entry the kernel holds, 200 000 after an `ls -l` of a large
 /// directory): fields most nodes never set live in one box made when one is first set (`Rare`,
 /// copied on write, so that a `Node` stays a value), and an MD5 ETag is 16 bytes.
-struct Node {
-    var inode: InodeNumber
-    var parent: InodeNumber
-    var name: String
-    var kind: NodeKind
+package struct Node {
+    package var inode: InodeNumber
+    package var parent: InodeNumber
+    package var name: String
+    package var kind: NodeKind
     /// The object key of a file or symlink; the key prefix ("…/" or "") of a directory.
-    var key: String
-    var size: Int64
-    var etag: String {
+    package var key: String
+    package var size: Int64
+    package var etag: String {
         get { packedEtag.string }
         set { packedEtag = PackedETag(newValue) }
     }
     private var packedEtag: PackedETag
     /// The server's time of the last change.
-    var lastModified: Timestamp
-    var stored = StoredAttributes()
+    package var lastModified: Timestamp
+    package var stored = StoredAttributes()
     /// The content type without csspfs's parameters.
-    var baseContentType = ""
+    package var baseContentType = ""
     /// When size/etag were last confirmed by the server (the filesystem's clock); 0 = never.
-    var confirmedAt: Double = 0
+    package var confirmedAt: Double = 0
     /// Lookups the kernel holds (see `InodeTable`).
-    fileprivate(set) var lookups: UInt64 = 0
+    package fileprivate(set) var lookups: UInt64 = 0
     /// What holds the node besides the kernel: its spool (open for writing, or an upload still
     /// owed) and owed attributes, one pin each.
-    fileprivate(set) var pins: Int32 = 0
+    package fileprivate(set) var pins: Int32 = 0
     /// Attribute changes (chmod, chown, utimes) of a closed file not stored yet: they are in
     /// `stored`, journaled, and stored by the next upload, rename or flush (see
     /// `Filesystem+Attributes`). What the server says about this version must not overwrite
     /// them; another version (another client's PUT) voids them (`Node.apply`, `Node.merge`).
     /// Set only by `InodeTable.oweAttributes`.
-    var attributesOwed = false
+    package var attributesOwed = false
     /// Whether a name in the tree leads to the node (false once unlinked or replaced).
-    fileprivate(set) var linked = true
+    package fileprivate(set) var linked = true
     /// When the object's full metadata was last known (a HEAD, or our own upload); 0 = never
     /// (a listing shows no metadata).
-    var metadataKnownAt: Double = 0
+    package var metadataKnownAt: Double = 0
     /// The `StoreClock` tick as of which the node is described: the latest acknowledgement of a
     /// change of ours, or the `askedAt` of the latest answer taken. Older answers are refused.
     /// (The attribute rule's state, with the three below; see `Node+Merge`.)
-    var describedAsOf: UInt64 = 0
+    package var describedAsOf: UInt64 = 0
     private var rare: Rare?
 
     /// The fields few nodes set. Shared between copies of a node until one writes.
     private final class Rare {
-        var manifest: String? = nil
-        var localVersion: UInt64 = 0
-        var changedAt: Timestamp? = nil
-        var accessedAt: Timestamp? = nil
-        var cachedEtag: String? = nil
-        var symlinkTarget: String? = nil
-        var extraMetadata: [String: String] = [:]
-        var attributeVersion: UInt64 = 0
-        var acknowledgedVersion: UInt64 = 0
-        var acknowledgedTime = Timestamp.zero
+        package var manifest: String? = nil
+        package var localVersion: UInt64 = 0
+        package var changedAt: Timestamp? = nil
+        package var accessedAt: Timestamp? = nil
+        package var cachedEtag: String? = nil
+        package var symlinkTarget: String? = nil
+        package var extraMetadata: [String: String] = [:]
+        package var attributeVersion: UInt64 = 0
+        package var acknowledgedVersion: UInt64 = 0
+        package var acknowledgedTime = Timestamp.zero
 
-        func copy() -> Rare {
+        package func copy() -> Rare {
             let copy = Rare()
             copy.manifest = manifest
             copy.localVersion = localVersion
@@ -89,61 +90,61 @@ struct Node {
     }
 
     /// `container/prefix` of a DLO manifest.
-    var manifest: String? {
+    package var manifest: String? {
         get { rare?.manifest }
         set { setRare(\.manifest, newValue, default: nil) }
     }
     /// Bumped when this mount stores new bytes or gives the file a spool: a read handle opened
     /// before reads what was written here since (another client's change is ESTALE instead).
-    var localVersion: UInt64 {
+    package var localVersion: UInt64 {
         get { rare?.localVersion ?? 0 }
         set { setRare(\.localVersion, newValue, default: 0) }
     }
     /// ctime and atime as this mount changed them (nil: the modification time stands in; an
     /// object store keeps neither).
-    var changedAt: Timestamp? {
+    package var changedAt: Timestamp? {
         get { rare?.changedAt }
         set { setRare(\.changedAt, newValue, default: nil) }
     }
-    var accessedAt: Timestamp? {
+    package var accessedAt: Timestamp? {
         get { rare?.accessedAt }
         set { setRare(\.accessedAt, newValue, default: nil) }
     }
     /// The ETag of the content the kernel's page cache may hold for this inode.
-    var cachedEtag: String? {
+    package var cachedEtag: String? {
         get { rare?.cachedEtag }
         set { setRare(\.cachedEtag, newValue, default: nil) }
     }
-    var symlinkTarget: String? {
+    package var symlinkTarget: String? {
         get { rare?.symlinkTarget }
         set { setRare(\.symlinkTarget, newValue, default: nil) }
     }
     /// `X-Object-Meta-*` of the object other than ours, kept across our updates.
-    var extraMetadata: [String: String] {
+    package var extraMetadata: [String: String] {
         get { rare?.extraMetadata ?? [:] }
         set { setRare(\.extraMetadata, newValue, default: [:]) }
     }
     /// Bumped by every local attribute change (chmod, chown, utimes, a write's mtime): names the
     /// change that an upload, a POST or a COPY stores (`settleAttributes`, `acknowledge`).
-    var attributeVersion: UInt64 {
+    package var attributeVersion: UInt64 {
         get { rare?.attributeVersion ?? 0 }
         set { setRare(\.attributeVersion, newValue, default: 0) }
     }
     /// The latest `attributeVersion` the store acknowledged (or that was given up): while it
     /// is behind, a local change is not stored yet and no answer of the same version may undo it.
     /// Only `acknowledge`, `admits` and `forgetWhatWasSaid` write it.
-    var acknowledgedVersion: UInt64 {
+    package var acknowledgedVersion: UInt64 {
         get { rare?.acknowledgedVersion ?? 0 }
         set { setRare(\.acknowledgedVersion, newValue, default: 0) }
     }
     /// This host's clock when the store last acknowledged a change of ours: an answer asked
     /// earlier shows a newer version only if the server dated it later.
-    var acknowledgedTime: Timestamp {
+    package var acknowledgedTime: Timestamp {
         get { rare?.acknowledgedTime ?? .zero }
         set { setRare(\.acknowledgedTime, newValue, default: .zero) }
     }
 
-    init(
+    package init(
         inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind, key: String, size: Int64 = 0,
         etag: String = "", lastModified: Timestamp = .zero
     ) {
@@ -160,11 +161,11 @@ struct Node {
 
 /// An ETag: 32 lower-case hex digits (an MD5, as Swift makes for every plain object) as two
 /// words, anything else as it is.
-enum PackedETag: Equatable {
+package enum PackedETag: Equatable {
     case md5(UInt64, UInt64)
     case other(String)
 
-    init(_ etag: String) {
+    package init(_ etag: String) {
         if let (high, low) = PackedEntries.digest(etag) {
             self = .md5(high, low)
         } else {
@@ -172,7 +173,7 @@ enum PackedETag: Equatable {
         }
     }
 
-    var string: String {
+    package var string: String {
         switch self {
         case .md5(let high, let low): PackedEntries.hex(high, low)
         case .other(let text): text
@@ -196,10 +197,10 @@ enum PackedETag: Equatable {
 ///    and `move`; `update` changes attributes and keeps identity whatever the closure does.
 /// 4. `move` of a directory re-keys every node whose key lies below the old prefix, linked or
 ///    not (a pinned file whose upload is owed must go to the new key), and reports them.
-struct InodeTable {
-    static let root: InodeNumber = 1
+package struct InodeTable {
+    package static let root: InodeNumber = 1
 
-    private(set) var nodes = NodeStore()
+    package private(set) var nodes = NodeStore()
     private var children = ChildIndex()
     private var nextInode: InodeNumber = 2
     /// Directories dropped since the last `takeRemovedDirectories` (their listings must go too).
@@ -210,25 +211,25 @@ struct InodeTable {
     /// of the name takes (DirectoryCache `reserve`).
     private var forgottenNames: [(parent: InodeNumber, name: String, inode: InodeNumber)] = []
 
-    init(rootKey: String, rootTime: Timestamp) {
+    package init(rootKey: String, rootTime: Timestamp) {
         var root = Node(inode: Self.root, parent: Self.root, name: "", kind: .directory, key: rootKey, lastModified: rootTime)
         root.lookups = 1
         nodes[Self.root] = root
     }
 
-    subscript(inode: InodeNumber) -> Node? { nodes[inode] }
+    package subscript(inode: InodeNumber) -> Node? { nodes[inode] }
 
     /// The node `name` in `parent` leads to.
-    func child(_ parent: InodeNumber, _ name: String) -> Node? {
+    package func child(_ parent: InodeNumber, _ name: String) -> Node? {
         children.inode(parent, name, in: nodes).flatMap { nodes[$0] }
     }
 
     /// Every name in `parent` with its node.
-    func children(of parent: InodeNumber) -> [(name: ExactString, inode: InodeNumber)] { children.list(parent, in: nodes) }
+    package func children(of parent: InodeNumber) -> [(name: ExactString, inode: InodeNumber)] { children.list(parent, in: nodes) }
 
     /// Changes attributes of `inode` (identity and counts stay whatever `body` does); returns the result.
     @discardableResult
-    mutating func update(_ inode: InodeNumber, _ body: (inout Node) -> Void) -> Node? {
+    package mutating func update(_ inode: InodeNumber, _ body: (inout Node) -> Void) -> Node? {
         guard let old = nodes[inode] else { return nil }
         var node = old
         body(&node)
@@ -249,7 +250,7 @@ struct InodeTable {
 
     /// A name just made here (create, mkdir, symlink): a new node with one kernel lookup, replacing
     /// whatever the name led to.
-    mutating func insert(_ template: Node) -> Node {
+    package mutating func insert(_ template: Node) -> Node {
         var node = template
         node.inode = nextInode
         nextInode += 1
@@ -267,7 +268,7 @@ struct InodeTable {
     /// to if it has the same kind (its key updated), else a new one. Counts `lookups` kernel lookups.
     /// `reserved`: the number readdir already showed for the name (`reserveInode`), used when it
     /// is free, so that d_ino and st_ino agree.
-    mutating func link(
+    package mutating func link(
         parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64, reserved: InodeNumber? = nil
     ) -> Node {
         if let inode = children.inode(parent, name, in: nodes), var node = nodes[inode], node.kind == kind {
@@ -292,13 +293,13 @@ struct InodeTable {
     }
 
     /// A number for a name readdir shows before any node exists for it (see `link`).
-    mutating func reserveInode() -> InodeNumber {
+    package mutating func reserveInode() -> InodeNumber {
         defer { nextInode += 1 }
         return nextInode
     }
 
     /// The kernel dropped `count` lookups.
-    mutating func forget(_ inode: InodeNumber, count: UInt64) {
+    package mutating func forget(_ inode: InodeNumber, count: UInt64) {
         guard inode != Self.root, var node = nodes[inode] else { return }
         precondition(node.lookups >= count, "INTERNAL ERROR: forget \(count) of inode \(inode) with \(node.lookups)")
         node.lookups -= count
@@ -307,17 +308,17 @@ struct InodeTable {
     }
 
     /// Counts one more kernel lookup of a node already known (readdirplus of a local file).
-    mutating func countLookup(_ inode: InodeNumber) {
+    package mutating func countLookup(_ inode: InodeNumber) {
         nodes[inode]?.lookups += 1
     }
 
     /// A spool holds the node: it lives until `unpin`, whatever the kernel forgets.
-    mutating func pin(_ inode: InodeNumber) {
+    package mutating func pin(_ inode: InodeNumber) {
         nodes[inode]?.pins += 1
     }
 
     /// The node's attributes are owed to the server: it lives (pinned once) until `settleAttributes`.
-    mutating func oweAttributes(_ inode: InodeNumber) {
+    package mutating func oweAttributes(_ inode: InodeNumber) {
         guard var node = nodes[inode], !node.attributesOwed else { return }
         node.attributesOwed = true
         node.pins += 1
@@ -327,7 +328,7 @@ struct InodeTable {
     /// The owed attributes are stored as they are now (or the object is gone): the pin
     /// `oweAttributes` took goes, and no change waits for the store's acknowledgement any more
     /// (the attribute rule). Callers check that the node did not change since what was stored.
-    mutating func settleAttributes(_ inode: InodeNumber) {
+    package mutating func settleAttributes(_ inode: InodeNumber) {
         guard let node = nodes[inode], node.attributesOwed else { return }
         nodes[inode]?.attributesOwed = false
         nodes[inode]?.acknowledgedVersion = node.attributeVersion
@@ -335,9 +336,9 @@ struct InodeTable {
     }
 
     /// Nodes whose attributes are owed.
-    var nodesOwingAttributes: [Node] { nodes.compactMap { $0.value.attributesOwed ? $0.value : nil } }
+    package var nodesOwingAttributes: [Node] { nodes.compactMap { $0.value.attributesOwed ? $0.value : nil } }
 
-    mutating func unpin(_ inode: InodeNumber) {
+    package mutating func unpin(_ inode: InodeNumber) {
         guard var node = nodes[inode] else { return }
         precondition(node.pins > 0, "INTERNAL ERROR: unpin of inode \(inode) that no spool holds")
         node.pins -= 1
@@ -350,7 +351,7 @@ struct InodeTable {
     /// `collectingParent`: false when the name is about to lead somewhere else (the directory
     /// must not go in between, as it would if that name was all that held it).
     @discardableResult
-    mutating func unhook(parent: InodeNumber, name: String, collectingParent: Bool = true) -> Node? {
+    package mutating func unhook(parent: InodeNumber, name: String, collectingParent: Bool = true) -> Node? {
         guard let inode = children.remove(parent, name, in: nodes) else { return nil }
         nodes[inode]?.linked = false
         let node = nodes[inode]
@@ -363,7 +364,7 @@ struct InodeTable {
     /// directory's descendants (every node keyed below its old prefix) get keys below the new
     /// one. Returns the inodes whose keys changed.
     @discardableResult
-    mutating func move(_ inode: InodeNumber, to newParent: InodeNumber, name: String, key: String) -> [InodeNumber] {
+    package mutating func move(_ inode: InodeNumber, to newParent: InodeNumber, name: String, key: String) -> [InodeNumber] {
         guard var node = nodes[inode] else { return [] }
         if children.inode(node.parent, node.name, in: nodes) == inode { children.remove(node.parent, node.name, in: nodes) }
         if children.inode(newParent, name, in: nodes) != inode { unhook(parent: newParent, name: name, collectingParent: false) }
@@ -399,7 +400,7 @@ struct InodeTable {
     /// pins (a spool, owed attributes) and `held` does not name (open), from `directories` in
     /// that order. Directories are never chosen: the kernel forgets a directory entry even when
     /// a process works in it, whose getcwd then fails.
-    func forgettable(
+    package func forgettable(
         _ count: Int, in directories: [InodeNumber], held: Set<InodeNumber>
     ) -> [(parent: InodeNumber, name: String)] {
         var chosen: [(parent: InodeNumber, name: String)] = []
@@ -413,13 +414,13 @@ struct InodeTable {
     }
 
     /// Directories dropped since the last call.
-    mutating func takeRemovedDirectories() -> [InodeNumber] {
+    package mutating func takeRemovedDirectories() -> [InodeNumber] {
         defer { removedDirectories = [] }
         return removedDirectories
     }
 
     /// Nodes dropped while a name led to them, since the last call.
-    mutating func takeForgottenNames() -> [(parent: InodeNumber, name: String, inode: InodeNumber)] {
+    package mutating func takeForgottenNames() -> [(parent: InodeNumber, name: String, inode: InodeNumber)] {
         defer { forgottenNames = [] }
         return forgottenNames
     }
@@ -451,8 +452,8 @@ struct InodeTable {
 /// when it is its parent directory's key and its name (the key is made again when the node is
 /// read). The rest are kept whole, in a table by slot. A node reads back exactly as it was
 /// stored.
-struct NodeStore: Sequence {
-    static let chunkSize = 1024
+package struct NodeStore: Sequence {
+    package static let chunkSize = 1024
     private var chunks: [[ThinNode]] = []
     /// The nodes not kept thin, by slot (their slot says `ThinNode.whole`).
     private var wholes: [Int32: Node] = [:]
@@ -473,13 +474,13 @@ struct NodeStore: Sequence {
         case whole(Node)
     }
 
-    var count: Int { index.count }
+    package var count: Int { index.count }
 
     /// Bytes a node takes in its chunk (for tests: thin nodes are what most entries cost).
-    static var slotBytes: Int { MemoryLayout<ThinNode>.stride }
+    package static var slotBytes: Int { MemoryLayout<ThinNode>.stride }
 
     /// The nodes kept thin (for tests; walks every slot).
-    var thinCount: Int {
+    package var thinCount: Int {
         index.reduce(0) { count, entry in
             if case .thin = slot(entry.1) { return count + 1 }
             return count
@@ -514,7 +515,7 @@ struct NodeStore: Sequence {
     }
 
     /// The name of `inode` (without making the whole node).
-    func name(of inode: InodeNumber) -> String? {
+    package func name(of inode: InodeNumber) -> String? {
         guard let number = index[inode] else { return nil }
         switch slot(number) {
         case .empty: return nil
@@ -559,7 +560,7 @@ struct NodeStore: Sequence {
         chunks[Int(number) / Self.chunkSize][Int(number) % Self.chunkSize] = value
     }
 
-    subscript(inode: InodeNumber) -> Node? {
+    package subscript(inode: InodeNumber) -> Node? {
         get { index[inode].flatMap { node(at: $0, inode: inode) } }
         set {
             if let number = index[inode] {
@@ -585,7 +586,7 @@ struct NodeStore: Sequence {
         }
     }
 
-    func makeIterator() -> AnyIterator<(key: InodeNumber, value: Node)> {
+    package func makeIterator() -> AnyIterator<(key: InodeNumber, value: Node)> {
         var inner = index.makeIterator()
         let store = self
         return AnyIterator {
@@ -605,27 +606,27 @@ struct NodeStore: Sequence {
 private struct ThinNode {
     private var parentNumber: UInt32
     private var described: UInt32
-    var name: String
-    var size: Int64
-    var etag: (UInt64, UInt64)
-    var lastModified: Int64
-    var mtime: Int64
-    var confirmedAt: Double
-    var style: UInt32
+    package var name: String
+    package var size: Int64
+    package var etag: (UInt64, UInt64)
+    package var lastModified: Int64
+    package var mtime: Int64
+    package var confirmedAt: Double
+    package var style: UInt32
     private var lookupCount: UInt16
     private var flags: UInt16
 
     private enum Flag {
-        static let kind: UInt16 = 0x07
-        static let hasEtag: UInt16 = 1 << 3
-        static let hasMtime: UInt16 = 1 << 4
-        static let attributesOwed: UInt16 = 1 << 5
-        static let linked: UInt16 = 1 << 6
-        static let keyIsDerived: UInt16 = 1 << 7
+        package static let kind: UInt16 = 0x07
+        package static let hasEtag: UInt16 = 1 << 3
+        package static let hasMtime: UInt16 = 1 << 4
+        package static let attributesOwed: UInt16 = 1 << 5
+        package static let linked: UInt16 = 1 << 6
+        package static let keyIsDerived: UInt16 = 1 << 7
         /// `metadataKnownAt` is `confirmedAt` (else 0; a node with another is kept whole).
-        static let metadataKnown: UInt16 = 1 << 8
+        package static let metadataKnown: UInt16 = 1 << 8
         /// The pins, 0 to 15.
-        static let pinShift: UInt16 = 12
+        package static let pinShift: UInt16 = 12
     }
 
     private static let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket]
@@ -634,8 +635,8 @@ private struct ThinNode {
     private static let wholeMarker: UInt16 = 7
 
     /// An empty slot; a slot whose node `NodeStore` keeps whole.
-    static let empty = ThinNode(marker: emptyMarker)
-    static let whole = ThinNode(marker: wholeMarker)
+    package static let empty = ThinNode(marker: emptyMarker)
+    package static let whole = ThinNode(marker: wholeMarker)
 
     private init(marker: UInt16) {
         parentNumber = 0
@@ -651,20 +652,20 @@ private struct ThinNode {
         flags = marker
     }
 
-    var isEmpty: Bool { flags & Flag.kind == Self.emptyMarker }
-    var isWhole: Bool { flags & Flag.kind == Self.wholeMarker }
+    package var isEmpty: Bool { flags & Flag.kind == Self.emptyMarker }
+    package var isWhole: Bool { flags & Flag.kind == Self.wholeMarker }
 
-    var parent: InodeNumber { InodeNumber(parentNumber) }
-    var describedAsOf: UInt64 { UInt64(described) }
-    var lookups: UInt64 { UInt64(lookupCount) }
-    var pins: Int32 { Int32(flags >> Flag.pinShift) }
-    var keyIsDerived: Bool {
+    package var parent: InodeNumber { InodeNumber(parentNumber) }
+    package var describedAsOf: UInt64 { UInt64(described) }
+    package var lookups: UInt64 { UInt64(lookupCount) }
+    package var pins: Int32 { Int32(flags >> Flag.pinShift) }
+    package var keyIsDerived: Bool {
         get { flags & Flag.keyIsDerived != 0 }
         set { flags = newValue ? flags | Flag.keyIsDerived : flags & ~Flag.keyIsDerived }
     }
 
     /// nil when `node` has something a thin node cannot hold; `style` numbers the node's style.
-    init?(_ node: Node, style: (NodeStyle) -> UInt32?) {
+    package init?(_ node: Node, style: (NodeStyle) -> UInt32?) {
         guard node.rareFieldsUnset, let modified = PackedEntries.nanoseconds(node.lastModified),
             let parent = UInt32(exactly: node.parent), let described = UInt32(exactly: node.describedAsOf),
             let lookups = UInt16(exactly: node.lookups), node.pins >= 0, node.pins < 1 << (16 - Flag.pinShift),
@@ -703,14 +704,14 @@ private struct ThinNode {
         if node.metadataKnownAt != 0 { flags |= Flag.metadataKnown }
     }
 
-    var kind: NodeKind { Self.kinds[Int(flags & Flag.kind)] }
-    var hasEtag: Bool { flags & Flag.hasEtag != 0 }
-    var attributesOwed: Bool { flags & Flag.attributesOwed != 0 }
-    var linked: Bool { flags & Flag.linked != 0 }
-    var metadataKnownAt: Double { flags & Flag.metadataKnown != 0 ? confirmedAt : 0 }
+    package var kind: NodeKind { Self.kinds[Int(flags & Flag.kind)] }
+    package var hasEtag: Bool { flags & Flag.hasEtag != 0 }
+    package var attributesOwed: Bool { flags & Flag.attributesOwed != 0 }
+    package var linked: Bool { flags & Flag.linked != 0 }
+    package var metadataKnownAt: Double { flags & Flag.metadataKnown != 0 ? confirmedAt : 0 }
 
     /// The whole node again.
-    func node(inode: InodeNumber, key: String, style: NodeStyle) -> Node {
+    package func node(inode: InodeNumber, key: String, style: NodeStyle) -> Node {
         var node = Node(
             inode: inode, parent: parent, name: name, kind: kind, key: key, size: size,
             lastModified: PackedEntries.timestamp(lastModified))
@@ -756,15 +757,15 @@ extension Node {
 /// neighbours in memory, so a long run costs little.
 /// A node must be in the store while its name is in a table, and keep that name (InodeTable
 /// takes it out first when it moves or goes).
-struct ChildIndex {
+package struct ChildIndex {
     private var tables: [InodeNumber: Table] = [:]
 
     private struct Table {
         /// 0: empty; else tag << 56 | inode.
-        var slots: [UInt64]
-        var count = 0
+        package var slots: [UInt64]
+        package var count = 0
 
-        init(capacity: Int) { slots = Array(repeating: 0, count: capacity) }
+        package init(capacity: Int) { slots = Array(repeating: 0, count: capacity) }
     }
 
     private static let inodeBits: UInt64 = (1 << 56) - 1
@@ -800,16 +801,16 @@ struct ChildIndex {
         }
     }
 
-    func inode(_ parent: InodeNumber, _ name: String, in nodes: NodeStore) -> InodeNumber? {
+    package func inode(_ parent: InodeNumber, _ name: String, in nodes: NodeStore) -> InodeNumber? {
         guard let table = tables[parent] else { return nil }
         let (index, found) = Self.find(name, hash: Self.hash(name), in: table, nodes: nodes)
         return found ? table.slots[index] & Self.inodeBits : nil
     }
 
-    func isEmpty(_ parent: InodeNumber) -> Bool { tables[parent] == nil }
+    package func isEmpty(_ parent: InodeNumber) -> Bool { tables[parent] == nil }
 
     /// `name` in `parent` leads to `inode` (whatever it led to before).
-    mutating func set(_ parent: InodeNumber, _ name: String, _ inode: InodeNumber, in nodes: NodeStore) {
+    package mutating func set(_ parent: InodeNumber, _ name: String, _ inode: InodeNumber, in nodes: NodeStore) {
         precondition(inode > 0 && inode <= Self.inodeBits, "INTERNAL ERROR: inode \(inode) out of range")
         var table = tables.removeValue(forKey: parent) ?? Table(capacity: 8)
         if (table.count + 1) * 8 > table.slots.count * 7 { table = Self.grown(table, nodes: nodes) }
@@ -822,7 +823,7 @@ struct ChildIndex {
 
     /// Takes `name` out of `parent`; returns the inode it led to.
     @discardableResult
-    mutating func remove(_ parent: InodeNumber, _ name: String, in nodes: NodeStore) -> InodeNumber? {
+    package mutating func remove(_ parent: InodeNumber, _ name: String, in nodes: NodeStore) -> InodeNumber? {
         guard var table = tables.removeValue(forKey: parent) else { return nil }
         defer { if table.count > 0 { tables[parent] = table } }
         var (index, found) = Self.find(name, hash: Self.hash(name), in: table, nodes: nodes)
@@ -847,7 +848,7 @@ struct ChildIndex {
     }
 
     /// Every name in `parent` with the inode it leads to.
-    func list(_ parent: InodeNumber, in nodes: NodeStore) -> [(name: ExactString, inode: InodeNumber)] {
+    package func list(_ parent: InodeNumber, in nodes: NodeStore) -> [(name: ExactString, inode: InodeNumber)] {
         guard let table = tables[parent] else { return [] }
         return table.slots.compactMap { slot in
             slot == 0 ? nil : (Self.name(slot & Self.inodeBits, in: nodes).exact, slot & Self.inodeBits)
@@ -871,14 +872,14 @@ struct ChildIndex {
 /// slot (the number as 32 bits), up to 80 % full. As a dictionary, 200 000 nodes took 6.3 MiB
 /// and 9.4 MiB while it grew (its last doubling at 196 608); this takes 2 MiB. Numbers past
 /// 32 bits (a mount hands out four billion first) are kept in a dictionary beside it.
-struct SlotIndex: Sequence {
+package struct SlotIndex: Sequence {
     /// 0: empty.
     private var keys: [UInt32] = []
     private var values: [Int32] = []
     private var narrowCount = 0
     private var wide: [InodeNumber: Int32] = [:]
 
-    var count: Int { narrowCount + wide.count }
+    package var count: Int { narrowCount + wide.count }
 
     private func home(_ inode: UInt32) -> Int {
         // Times an odd number: on the low bits a permutation, so a run of consecutive numbers
@@ -896,7 +897,7 @@ struct SlotIndex: Sequence {
         }
     }
 
-    subscript(inode: InodeNumber) -> Int32? {
+    package subscript(inode: InodeNumber) -> Int32? {
         get {
             guard let inode = UInt32(exactly: inode) else { return wide[inode] }
             guard narrowCount > 0 else { return nil }
@@ -950,7 +951,7 @@ struct SlotIndex: Sequence {
         }
     }
 
-    func makeIterator() -> AnyIterator<(InodeNumber, Int32)> {
+    package func makeIterator() -> AnyIterator<(InodeNumber, Int32)> {
         var position = 0
         let (keys, values) = (self.keys, self.values)
         var wide = self.wide.makeIterator()
@@ -966,10 +967,10 @@ struct SlotIndex: Sequence {
 
 /// Deletion from a table with linear probing, by backward shift (no tombstones): after a slot is
 /// freed, each entry further on moves into it unless that would put it before its home.
-enum LinearProbing {
+package enum LinearProbing {
     /// Whether the entry at `at`, whose home slot is `home`, moves into the slot freed at
     /// `freed`: it stays when its home lies cyclically in (freed, at].
-    static func moves(home: Int, freed: Int, at: Int) -> Bool {
+    package static func moves(home: Int, freed: Int, at: Int) -> Bool {
         let stays = freed <= at ? (freed < home && home <= at) : (freed < home || home <= at)
         return !stays
     }

@@ -17,28 +17,28 @@ import Glibc
 ///    upload sends its parts in parallel) without waiting for threads that are all busy.
 /// 3. After `shutdown`, new jobs are refused (`submit` returns false), queued and delayed ones
 ///    are dropped, and `shutdown` waits for the running ones until its deadline.
-final class BackgroundPool: Sendable {
+package final class BackgroundPool: Sendable {
     private struct State {
-        var queue: [@Sendable () -> Void] = []
-        var threads = 0
-        var idle = 0
-        var running = 0
-        var stopped = false
+        package var queue: [@Sendable () -> Void] = []
+        package var threads = 0
+        package var idle = 0
+        package var running = 0
+        package var stopped = false
     }
 
-    let width: Int
+    package let width: Int
     /// The queue and the counts (a leaf lock: no job runs under it).
     private let state = ConditionLocked(State())
     /// Delays `submit(after:)`: a serial queue of the pool's own, whose blocks only enqueue.
     private let timer = DispatchQueue(label: "csspfs.background-pool.timer")
 
-    init(width: Int) {
+    package init(width: Int) {
         self.width = max(1, width)
     }
 
     /// Runs `job` on a pool thread; false after `shutdown`.
     @discardableResult
-    func submit(_ job: @escaping @Sendable () -> Void) -> Bool {
+    package func submit(_ job: @escaping @Sendable () -> Void) -> Bool {
         let start: Bool? = state.withLock { s in
             guard !s.stopped else { return nil }
             s.queue.append(job)
@@ -53,13 +53,13 @@ final class BackgroundPool: Sendable {
 
     /// Runs `job` on a pool thread, or on this one once the pool is shut down: for work a
     /// caller waits for (a read-ahead block, an early part), which must happen either way.
-    func submitOrRun(_ job: @escaping @Sendable () -> Void) {
+    package func submitOrRun(_ job: @escaping @Sendable () -> Void) {
         if !submit(job) { job() }
     }
 
     /// Runs `job` on a pool thread after `seconds`, unless the pool is shut down by then (the
     /// pool's own timer queue only enqueues it; no work runs there).
-    func submit(after seconds: Double, _ job: @escaping @Sendable () -> Void) {
+    package func submit(after seconds: Double, _ job: @escaping @Sendable () -> Void) {
         timer.asyncAfter(deadline: .now() + seconds) { [self] in submit(job) }
     }
 
@@ -83,7 +83,7 @@ final class BackgroundPool: Sendable {
 
     /// Runs `body(0)`…`body(count - 1)` on the calling thread and up to `width - 1` pool threads.
     /// After the first error no new index starts; that error is returned.
-    func forEach<E: Error>(_ count: Int, width: Int, _ body: (Int) throws(E) -> Void) -> E? {
+    package func forEach<E: Error>(_ count: Int, width: Int, _ body: (Int) throws(E) -> Void) -> E? {
         guard count > 0 else { return nil }
         return withoutActuallyEscaping(body) { body in
             let loop = ParallelLoop<E>(count: count, body: body)
@@ -96,7 +96,7 @@ final class BackgroundPool: Sendable {
     /// Refuses new jobs, drops queued ones, and waits until the running ones end or `seconds`
     /// pass. Returns whether every job ended.
     @discardableResult
-    func shutdown(deadline seconds: Double) -> Bool {
+    package func shutdown(deadline seconds: Double) -> Bool {
         state.withLock { s in
             s.stopped = true
             s.queue.removeAll()
@@ -106,16 +106,16 @@ final class BackgroundPool: Sendable {
 
     /// Waits until no job is queued or running, at most `timeout` seconds (tests, shutdown).
     @discardableResult
-    func waitUntilIdle(timeout: Double = .infinity) -> Bool {
+    package func waitUntilIdle(timeout: Double = .infinity) -> Bool {
         state.withLock(when: { $0.running == 0 && $0.queue.isEmpty }, timeout: timeout) { _ in true } ?? false
     }
 }
 
 /// Starts a detached thread running `body`.
-func startThread(_ body: @escaping @Sendable () -> Void) {
+package func startThread(_ body: @escaping @Sendable () -> Void) {
     final class Box: @unchecked Sendable {
-        let body: @Sendable () -> Void
-        init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+        package let body: @Sendable () -> Void
+        package init(_ body: @escaping @Sendable () -> Void) { self.body = body }
     }
     let box = Unmanaged.passRetained(Box(body)).toOpaque()
     var thread = pthread_t()
@@ -133,21 +133,21 @@ func startThread(_ body: @escaping @Sendable () -> Void) {
 /// and no closure (the body does not outlive the call).
 private final class ParallelLoop<E: Error>: @unchecked Sendable {
     private struct State {
-        var next = 0
-        var inFlight = 0
-        var failure: E?
-        var body: ((Int) throws(E) -> Void)?
+        package var next = 0
+        package var inFlight = 0
+        package var failure: E?
+        package var body: ((Int) throws(E) -> Void)?
     }
     private let count: Int
     /// Guards the loop's progress; `body` is only called outside it.
     private let state: ConditionLocked<State>
 
-    init(count: Int, body: @escaping (Int) throws(E) -> Void) {
+    package init(count: Int, body: @escaping (Int) throws(E) -> Void) {
         self.count = count
         state = ConditionLocked(State(body: body))
     }
 
-    func run() {
+    package func run() {
         while let outcome = runOne() {
             state.withLock { s in
                 s.inFlight -= 1
@@ -180,7 +180,7 @@ private final class ParallelLoop<E: Error>: @unchecked Sendable {
     }
 
     /// Waits for the indices under way on helper threads, drops the body; returns the first error.
-    func finish() -> E? {
+    package func finish() -> E? {
         state.withLock(when: { $0.inFlight == 0 }) { s in
             s.body = nil
             s.next = count

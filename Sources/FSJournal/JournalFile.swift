@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 
 #if canImport(Glibc)
@@ -8,7 +9,7 @@ import Glibc
 /// that makes them durable, and a whole replacement that is durable when it returns.
 /// `DiskJournalFile` is the real one; the power-cut tests use a double that loses what was not
 /// synced.
-protocol JournalFile: Sendable {
+package protocol JournalFile: Sendable {
     /// What the file holds now.
     func contents() -> [UInt8]
     /// Appends `bytes` (one write); false when it could not.
@@ -22,32 +23,32 @@ protocol JournalFile: Sendable {
 /// An append-only journal file with group commit: `commit(upTo:)` makes appends durable with
 /// one sync for every caller that arrived while the last sync ran (a leader and its followers),
 /// so many closes or unlinks at once cost one `fdatasync`, not one each.
-final class AppendLog: Sendable {
+package final class AppendLog: Sendable {
     private struct Counts {
         /// Appends made, and the appends known durable.
-        var appended: UInt64 = 0
-        var synced: UInt64 = 0
-        var syncing = false
+        package var appended: UInt64 = 0
+        package var synced: UInt64 = 0
+        package var syncing = false
     }
 
-    let file: any JournalFile
+    package let file: any JournalFile
     /// What the leader of a group runs to make the appends durable (by default the file's sync;
     /// the upload journal syncs the spool directory first).
     private let syncAll: @Sendable () -> Bool
     /// Appends and the group commit (a leaf lock; held across an append's write, never a sync).
     private let counts = ConditionLocked(Counts())
 
-    init(file: any JournalFile, sync: (@Sendable () -> Bool)? = nil) {
+    package init(file: any JournalFile, sync: (@Sendable () -> Bool)? = nil) {
         self.file = file
         syncAll = sync ?? { file.sync() }
     }
 
     /// The number of the last append.
-    var appended: UInt64 { counts.withLock { $0.appended } }
+    package var appended: UInt64 { counts.withLock { $0.appended } }
 
     /// Appends `bytes` (one write) and runs `then` under the same lock, so that what it records
     /// is in the order of the file; returns the append's number for `commit`, or nil.
-    func append(_ bytes: [UInt8], then: () -> Void = {}) -> UInt64? {
+    package func append(_ bytes: [UInt8], then: () -> Void = {}) -> UInt64? {
         counts.withLock { c in
             guard file.append(bytes) else { return nil }
             c.appended += 1
@@ -57,7 +58,7 @@ final class AppendLog: Sendable {
     }
 
     /// Returns once append number `number` is durable; false when a sync failed.
-    func commit(upTo number: UInt64) -> Bool {
+    package func commit(upTo number: UInt64) -> Bool {
         // Waits while another caller's sync runs (it may cover this append); else leads one.
         let target = counts.withLock(when: { $0.synced >= number || !$0.syncing }) { c -> UInt64? in
             guard c.synced < number else { return nil }
@@ -76,7 +77,7 @@ final class AppendLog: Sendable {
     /// Replaces the whole file durably with `bytes`, unless something was appended after append
     /// number `number` (nil: whatever was appended); everything appended so far counts as
     /// durable then.
-    func replace(ifLastAppend number: UInt64? = nil, with bytes: [UInt8]) -> Bool {
+    package func replace(ifLastAppend number: UInt64? = nil, with bytes: [UInt8]) -> Bool {
         counts.withLock { c in
             guard number == nil || c.appended == number, file.replace(with: bytes) else { return false }
             c.synced = c.appended
@@ -86,12 +87,12 @@ final class AppendLog: Sendable {
 }
 
 /// A journal's file on disk.
-final class DiskJournalFile: JournalFile {
-    let path: String
+package final class DiskJournalFile: JournalFile {
+    package let path: String
     /// The descriptor (opened for appending on first use; -1 when closed).
     private let descriptor = Locked<Int32>(-1)
 
-    init(path: String) {
+    package init(path: String) {
         self.path = path
     }
 
@@ -99,7 +100,7 @@ final class DiskJournalFile: JournalFile {
         descriptor.withLock { fd in if fd >= 0 { close(fd) } }
     }
 
-    func contents() -> [UInt8] {
+    package func contents() -> [UInt8] {
         Spool.readBytes(path) ?? []
     }
 
@@ -111,7 +112,7 @@ final class DiskJournalFile: JournalFile {
         }
     }
 
-    func append(_ bytes: [UInt8]) -> Bool {
+    package func append(_ bytes: [UInt8]) -> Bool {
         withDescriptor { fd in
             var done = 0
             while done < bytes.count {
@@ -124,11 +125,11 @@ final class DiskJournalFile: JournalFile {
         } ?? false
     }
 
-    func sync() -> Bool {
+    package func sync() -> Bool {
         withDescriptor { fdatasync($0) == 0 } ?? false
     }
 
-    func replace(with bytes: [UInt8]) -> Bool {
+    package func replace(with bytes: [UInt8]) -> Bool {
         descriptor.withLock { fd in
             let temporary = path + ".new"
             let out = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
@@ -147,7 +148,7 @@ final class DiskJournalFile: JournalFile {
     }
 
     /// fsync of the directory holding `path` (a rename in it is durable then).
-    static func syncDirectory(of path: String) -> Bool {
+    package static func syncDirectory(of path: String) -> Bool {
         let parent = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
         let fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return false }

@@ -1,4 +1,6 @@
 import Dispatch
+import FSCore
+import FSJournal
 import Locking
 import ObjectStore
 import Synchronization
@@ -17,40 +19,41 @@ import Glibc
 /// 2. A failed upload drops the parts it wrote when they cannot serve; the spool keeps the bytes.
 /// 3. Deleting the parts of a replaced or removed Swift manifest (`deleteParts`) is this mount's
 ///    decision: only parts it may own, never shared ones.
-struct Uploader {
-    let store: any ObjectStore
-    let pool: BackgroundPool
-    let threshold: Int64
-    let partSize: Int64
-    let concurrency: Int
+package struct Uploader {
+    package let store: any ObjectStore
+    package let pool: BackgroundPool
+    package let threshold: Int64
+    package let partSize: Int64
+    package let concurrency: Int
     /// Manifests whose parts are never deleted (see `SharedParts`).
-    let sharedParts: SharedParts
+    package let sharedParts: SharedParts
     /// Where a running upload shows its progress (`mount.cssp --status`).
-    let transfers: Transfers
+    package let transfers: Transfers
 
-    struct Result {
-        /// Where it was stored: the key, or the conflict copy `Check.destination` named.
-        var key: String
-        var etag: String
-        var manifest: String?
-    }
+    /// What an upload stored: under the key, or the conflict copy `Check.destination` named.
+    package typealias Result = FinishedUpload
 
     /// The check against a lost update (issue 22): right before its last request (the PUT, or
     /// the manifest after the parts), an upload asks where it may go.
-    struct Check {
+    package struct Check {
         /// The key while it still holds the version the bytes replace (or holds these bytes
         /// already), else a conflict copy's name; one HEAD (`Filesystem.uploadDestination`).
-        var destination: () throws(ObjectStoreError) -> String
+        package var destination: () throws(ObjectStoreError) -> String
         /// The bytes replace no stored version: where the server honours `If-None-Match`, a
         /// single PUT carries it instead of a HEAD first, and `destination` is asked only when
         /// the server refuses it.
-        var expectsAbsent: Bool
+        package var expectsAbsent: Bool
+
+        package init(destination: @escaping () throws(ObjectStoreError) -> String, expectsAbsent: Bool) {
+            self.destination = destination
+            self.expectsAbsent = expectsAbsent
+        }
     }
 
     /// Stores `size` bytes of the spool at `path` under `key`. `early` holds parts sent while the
     /// file was written; each is reused if `generations` (the spool's per-part write generations
     /// as of the snapshot being stored) shows no write into it since.
-    func upload(
+    package func upload(
         path: String, size: Int64, key: String, contentType: String, metadata: [String: String],
         early: EarlyParts? = nil, generations: [Int: UInt64] = [:], check: Check? = nil
     ) throws(ObjectStoreError) -> Result {
@@ -116,12 +119,12 @@ struct Uploader {
             session, partETags: etags.withLock { $0.compactMap { $0 } }, size: size, partSize: partSize,
             destination: { () throws(ObjectStoreError) -> String in try check?.destination() ?? key },
             contentType: contentType, metadata: metadata)
-        return Result(key: finished.key, etag: finished.etag, manifest: finished.manifest)
+        return finished
     }
 
     /// The ETag an upload of `size` bytes of `path` leaves on the server (a DLO manifest's, over
     /// the parts it would cut), nil when the store cannot say.
-    func expectedETag(path: String, size: Int64) -> String? {
+    package func expectedETag(path: String, size: Int64) -> String? {
         guard size > threshold else { return store.etag(ofFile: path, offset: 0, length: size) }
         let partSize = self.partSize(for: size)
         var parts: [String] = []
@@ -136,12 +139,12 @@ struct Uploader {
 
     /// The part size of an upload of `size` bytes: the configured one, grown while the store
     /// would take no more parts.
-    func partSize(for size: Int64) -> Int64 {
+    package func partSize(for size: Int64) -> Int64 {
         Self.partSize(for: size, configured: partSize, maximumParts: Int64(store.maximumParts))
     }
 
     /// `configured`, grown (in whole MiB) when `size` would need more than `maximumParts` parts.
-    static func partSize(for size: Int64, configured: Int64, maximumParts: Int64) -> Int64 {
+    package static func partSize(for size: Int64, configured: Int64, maximumParts: Int64) -> Int64 {
         guard (size + configured - 1) / configured > maximumParts else { return configured }
         let needed = (size + maximumParts - 1) / maximumParts
         return (needed + (1 << 20) - 1) / (1 << 20) * (1 << 20)
@@ -149,22 +152,32 @@ struct Uploader {
 
     /// Deletes the parts of a DLO manifest (`container/prefix`) when they are ours to delete: our
     /// own parts prefix, or the SDK's layout below the key itself.
-    func deleteParts(manifest: String, ofKey key: String) {
+    package func deleteParts(manifest: String, ofKey key: String) {
         let container = store.containerName + "/"
         guard manifest.utf8.starts(with: container.utf8) else { return }
         let prefix = String(manifest.dropFirst(container.count))
-        guard prefix.utf8.starts(with: Filesystem.partsPrefix.utf8) || prefix.utf8.starts(with: (key + "/").utf8),
-            prefix.hasSuffix("/"), prefix.count > Filesystem.partsPrefix.count, !sharedParts.contains(manifest)
+        guard prefix.utf8.starts(with: manifestPartsPrefix.utf8) || prefix.utf8.starts(with: (key + "/").utf8),
+            prefix.hasSuffix("/"), prefix.count > manifestPartsPrefix.count, !sharedParts.contains(manifest)
         else { return }
         deleteAll(prefix: prefix)
     }
 
     /// Best-effort delete of every key below `prefix`.
-    func deleteAll(prefix: String) {
+    package func deleteAll(prefix: String) {
         guard let keys = try? store.listAll(prefix: prefix, delimiter: nil).map(\.name) else { return }
         let store = self.store
         _ = pool.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
             _ = try? store.delete(key: keys[index])
         }
+    }
+
+    package init(store: any ObjectStore, pool: BackgroundPool, threshold: Int64, partSize: Int64, concurrency: Int, sharedParts: SharedParts, transfers: Transfers) {
+        self.store = store
+        self.pool = pool
+        self.threshold = threshold
+        self.partSize = partSize
+        self.concurrency = concurrency
+        self.sharedParts = sharedParts
+        self.transfers = transfers
     }
 }

@@ -1,15 +1,26 @@
 import Dispatch
+import FSCore
 import Locking
+import Logging
 import ObjectStore
 import Synchronization
 
+/// What a listing needs of the filesystem that reads it: the pool its pages ahead are fetched
+/// on, the log, and the answer to a name that is a file and a directory at once (a HEAD).
+package protocol ListingResolver: Sendable {
+    var pool: BackgroundPool { get }
+    var logger: Logger { get }
+    func resolve(_ collision: DirectoryBuilder.Collision, prefix: String) throws(FSError)
+        -> DirectoryBuilder.Collision.Resolution
+}
+
 /// One open directory: the listing streamed page by page as readdir asks for more.
-final class DirectoryReader: Sendable {
-    let prefix: String
+package final class DirectoryReader: Sendable {
+    package let prefix: String
     /// Where pages come from; nil for a listing already known, which never fetches.
     private let source: Source?
 
-    enum Source: Sendable {
+    package enum Source: Sendable {
         /// The server's delimiter listing, page by page.
         case store(any ObjectStore)
         /// One page holding the whole listing (made from a listing of a whole subtree,
@@ -25,21 +36,21 @@ final class DirectoryReader: Sendable {
     private let hidden: String?
 
     private struct State {
-        var builder: DirectoryBuilder
-        var entries: PackedEntries
-        var marker: String? = nil
-        var complete = false
+        package var builder: DirectoryBuilder
+        package var entries: PackedEntries
+        package var marker: String? = nil
+        package var complete = false
         /// Entries in the pages fetched so far (some may be held back: `DirectoryBuilder`).
-        var listed = 0
+        package var listed = 0
         /// Aliases of shadowed files not yet certain (see `entries`).
-        var heldAliases: [ExactString: DirectoryEntry] = [:]
-        var tail: [TailItem]? = nil
+        package var heldAliases: [ExactString: DirectoryEntry] = [:]
+        package var tail: [TailItem]? = nil
         /// Names removed here that the store still listed (skipped, see `removedHere`).
-        var stillListed: Set<ExactString> = []
+        package var stillListed: Set<ExactString> = []
         /// The fetch of the next page running now (one at a time), left when it ends.
-        var fetch: DispatchGroup? = nil
+        package var fetch: DispatchGroup? = nil
         /// The request of the page after the one being taken in (see `fetchPage`).
-        var pageAhead: PageAhead? = nil
+        package var pageAhead: PageAhead? = nil
     }
 
     /// A page asked for while the page before it is taken in: queued on the pool, running (its
@@ -52,7 +63,7 @@ final class DirectoryReader: Sendable {
 
     /// What readdir shows after the listing's entries: names this mount made that the listing
     /// lacks (listed as this mount recorded them, or open files not stored yet).
-    enum TailItem {
+    package enum TailItem {
         case listed(DirectoryEntry)
         case local(String, InodeNumber)
     }
@@ -62,18 +73,18 @@ final class DirectoryReader: Sendable {
     private let state: Locked<State>
 
     /// Whether the entries come from a remembered listing rather than from the server.
-    let isRemembered: Bool
+    package let isRemembered: Bool
     /// The directory's change count when the listing started (see `DirectoryCache`).
-    let startedAt: UInt64
+    package let startedAt: UInt64
     /// The `StoreClock` tick taken before the listing's first request (or the remembered
     /// listing's): what it says of a node counts as asked then (the attribute rule, `Node+Merge`).
-    let askedAt: UInt64
+    package let askedAt: UInt64
 
     /// Names this mount removed lately (DirectoryCache rule 2), not shown if a lagging listing
     /// still has them.
     private let removedHere: Set<ExactString>
 
-    init(
+    package init(
         store: any ObjectStore, prefix: String, pageSize: Int, hidden: String?, removedHere: Set<ExactString> = [],
         startedAt: UInt64, askedAt: UInt64, pagesAhead: Bool = true
     ) {
@@ -91,7 +102,7 @@ final class DirectoryReader: Sendable {
 
     /// A reader of a whole listing given as one page, in the order a delimiter listing has
     /// (`Filesystem+WalkListing`, `Filesystem+Poll`): read as a page from the server would be.
-    init(
+    package init(
         prefix: String, page: ListPage, hidden: String? = nil, removedHere: Set<ExactString> = [], startedAt: UInt64,
         askedAt: UInt64
     ) {
@@ -108,7 +119,7 @@ final class DirectoryReader: Sendable {
     }
 
     /// A reader of a listing already known (complete, in order).
-    init(prefix: String, remembered entries: PackedEntries, startedAt: UInt64, askedAt: UInt64) {
+    package init(prefix: String, remembered entries: PackedEntries, startedAt: UInt64, askedAt: UInt64) {
         self.startedAt = startedAt
         self.askedAt = askedAt
         self.source = nil
@@ -124,7 +135,7 @@ final class DirectoryReader: Sendable {
     /// A reader of a listing fetched ahead (`Filesystem+ListAhead`): complete, but not
     /// remembered yet (readdir remembers it as it would its own). Names removed here lately that
     /// it still shows (it lags) are skipped, as `removedHere` does for a listing read now.
-    init(
+    package init(
         prefix: String, fetched entries: PackedEntries, removedHere: Set<ExactString>, startedAt: UInt64,
         askedAt: UInt64
     ) {
@@ -149,7 +160,7 @@ final class DirectoryReader: Sendable {
     /// complete. Once a page is in, the next one is fetched in the background while the caller
     /// works through this one (issue 21: `ls` of 200 000 names waited for each of its 20 pages
     /// in turn); a failure there is dropped, and the page is asked for again here.
-    func entries(from index: Int, resolvingWith filesystem: Filesystem) throws(FSError) -> ([DirectoryEntry], Bool) {
+    package func entries(from index: Int, resolvingWith filesystem: any ListingResolver) throws(FSError) -> ([DirectoryEntry], Bool) {
         while true {
             enum Next {
                 case ready([DirectoryEntry], Bool)
@@ -187,7 +198,7 @@ final class DirectoryReader: Sendable {
     }
 
     /// Starts the fetch of the next page on the filesystem's pool, unless one runs already.
-    private func fetchAhead(_ filesystem: Filesystem) {
+    private func fetchAhead(_ filesystem: any ListingResolver) {
         guard source != nil else { return }
         let group: DispatchGroup? = state.withLock { s in
             guard s.fetch == nil, !s.complete else { return nil }
@@ -210,7 +221,7 @@ final class DirectoryReader: Sendable {
 
     /// Asks for the page after `marker` on the filesystem's pool (see `fetchPage`); a failure
     /// there is dropped (the page is asked for again when needed).
-    private func askAhead(_ store: any ObjectStore, after marker: String, _ filesystem: Filesystem) {
+    private func askAhead(_ store: any ObjectStore, after marker: String, _ filesystem: any ListingResolver) {
         state.withLock { $0.pageAhead = .queued(marker: marker) }
         let queued = filesystem.pool.submit { [self] in
             let group = DispatchGroup()
@@ -240,7 +251,7 @@ final class DirectoryReader: Sendable {
     /// The request of the page after it goes out as soon as this one is in, before its entries
     /// are taken in (issue 21: 90 ms between pages with 20 ms a request, 2 s of `ls` of 200 000
     /// names): the page is taken from there, or asked for here if its request has not started.
-    private func fetchPage(_ filesystem: Filesystem) throws(FSError) {
+    private func fetchPage(_ filesystem: any ListingResolver) throws(FSError) {
         guard let source else { return }
         let (marker, builder, ahead) = state.withLock { s in
             defer { if case .queued? = s.pageAhead { s.pageAhead = nil } }
@@ -318,7 +329,7 @@ final class DirectoryReader: Sendable {
 
     /// The tail, made by `make` the first time (once the listing is complete), then the same for
     /// every later readdir of this reader, so that offsets into it stay valid.
-    func tail(_ make: () -> [TailItem]) -> [TailItem] {
+    package func tail(_ make: () -> [TailItem]) -> [TailItem] {
         if let tail = state.withLock({ $0.tail }) { return tail }
         let tail = make()
         state.withLock { $0.tail = tail }
@@ -326,19 +337,19 @@ final class DirectoryReader: Sendable {
     }
 
     /// Entries in the pages fetched so far.
-    var listedCount: Int { state.withLock { $0.listed } }
+    package var listedCount: Int { state.withLock { $0.listed } }
 
     /// Whether the listing read so far showed the directory's own `dir/` marker object.
-    var sawMarker: Bool { state.withLock { $0.builder.sawMarker } }
+    package var sawMarker: Bool { state.withLock { $0.builder.sawMarker } }
 
     /// The entry named `name` among those read so far, if it is there (read in the listing's
     /// order: a name the reader has not reached is not found).
-    func listedEntry(named name: String) -> DirectoryEntry? {
+    package func listedEntry(named name: String) -> DirectoryEntry? {
         state.withLock { s in s.entries.sortedPosition(of: name).map { s.entries[$0] } }
     }
 
     /// Up to `count` entries read so far after the one named `name`.
-    func entries(following name: String, count: Int) -> [DirectoryEntry] {
+    package func entries(following name: String, count: Int) -> [DirectoryEntry] {
         state.withLock { s in
             guard let found = s.entries.sortedPosition(of: name) else { return [] }
             return (found + 1..<min(s.entries.count, found + 1 + count)).map { s.entries[$0] }
@@ -346,11 +357,11 @@ final class DirectoryReader: Sendable {
     }
 
     /// Every entry, if the whole listing has been read.
-    func completeEntries() -> PackedEntries? {
+    package func completeEntries() -> PackedEntries? {
         state.withLock { $0.complete ? $0.entries : nil }
     }
 
     /// Names removed here that the store's listing still showed (it lags behind): skipped by
     /// the entries, and a reason to keep those removals journaled.
-    var stillListed: Set<ExactString> { state.withLock { $0.stillListed } }
+    package var stillListed: Set<ExactString> { state.withLock { $0.stillListed } }
 }

@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 import Logging
 import ObjectStore
@@ -26,33 +27,33 @@ import Glibc
 ///    each directory's range of keys in the batch (a HEAD where it disagrees), so `rm -rf` of a
 ///    directory costs a listing and a bulk delete per batch; a write between the check and the
 ///    delete is still lost to it, as to any DELETE (Swift has no conditional one).
-final class DeleteQueue: Sendable {
-    struct Pending: Sendable {
-        var entry: DeleteEntry
+package final class DeleteQueue: Sendable {
+    package struct Pending: Sendable {
+        package var entry: DeleteEntry
         /// Journaled and synced: the sender may take it.
-        var durable: Bool
+        package var durable: Bool
         /// When it was journaled (monotonic seconds).
-        var since: Double
+        package var since: Double
     }
 
-    struct State {
+    package struct State {
         /// Deletes not sent yet, oldest first.
-        var queued: [Pending] = []
+        package var queued: [Pending] = []
         /// Deletes being sent (by the sender or a `settle`).
-        var inFlight: [UInt64: Pending] = [:]
+        package var inFlight: [UInt64: Pending] = [:]
         /// The newest delete owed per key (queued or in flight): its sequence and the version
         /// it deletes.
-        var byKey: [ExactString: (sequence: UInt64, version: String)] = [:]
-        var nextSequence: UInt64 = 1
+        package var byKey: [ExactString: (sequence: UInt64, version: String)] = [:]
+        package var nextSequence: UInt64 = 1
         /// Senders running.
-        var senders = 0
+        package var senders = 0
         /// Failures in a row (0: the last send worked), and the first error of the streak.
-        var failures = 0
-        var lastError: String? = nil
+        package var failures = 0
+        package var lastError: String? = nil
         /// No sender starts before this (a backoff after a failure).
-        var notBefore: Double = 0
+        package var notBefore: Double = 0
 
-        func sendable() -> Bool { queued.contains { $0.durable } }
+        package func sendable() -> Bool { queued.contains { $0.durable } }
     }
 
     private let journal: DeleteJournal
@@ -64,9 +65,9 @@ final class DeleteQueue: Sendable {
     private let width: Int
     /// Deletes the parts of a DLO manifest `key` pointed at (the uploader's).
     private let deleteParts: @Sendable (_ manifest: String, _ key: String) -> Void
-    let state = ConditionLocked(State())
+    package let state = ConditionLocked(State())
 
-    init(
+    package init(
         journal: DeleteJournal, store: any ObjectStore, pool: BackgroundPool, width: Int, logger: Logger,
         deleteParts: @escaping @Sendable (String, String) -> Void
     ) {
@@ -76,7 +77,7 @@ final class DeleteQueue: Sendable {
         self.width = max(1, width)
         self.logger = logger
         self.deleteParts = deleteParts
-        let now = Filesystem.monotonicNow()
+        let now = monotonicNow()
         state.withLock { s in
             for entry in journal.leftovers {
                 s.queued.append(Pending(entry: entry, durable: true, since: now))
@@ -94,11 +95,11 @@ final class DeleteQueue: Sendable {
 
     /// Journals the delete of `key` (durable when this returns) and queues it. Throws EIO, with
     /// nothing owed, when the journal cannot be written.
-    func enqueue(key: String, etag: String, kind: DeleteEntry.Kind) throws(FSError) {
+    package func enqueue(key: String, etag: String, kind: DeleteEntry.Kind) throws(FSError) {
         let entry: DeleteEntry = state.withLock { s in
             let entry = DeleteEntry(sequence: s.nextSequence, key: key, etag: etag, kind: kind)
             s.nextSequence += 1
-            s.queued.append(Pending(entry: entry, durable: false, since: Filesystem.monotonicNow()))
+            s.queued.append(Pending(entry: entry, durable: false, since: monotonicNow()))
             s.byKey[key.exact] = (entry.sequence, etag)
             return entry
         }
@@ -122,34 +123,34 @@ final class DeleteQueue: Sendable {
     private var journalPath: String { (journal.file as? DiskJournalFile)?.path ?? "the delete journal" }
 
     /// Whether a delete of `key` is owed.
-    func isPending(_ key: String) -> Bool { pendingVersion(key) != nil }
+    package func isPending(_ key: String) -> Bool { pendingVersion(key) != nil }
 
     /// The version an owed delete of `key` removes ("": whatever is there), or nil when none is
     /// owed.
-    func pendingVersion(_ key: String) -> String? {
+    package func pendingVersion(_ key: String) -> String? {
         state.withLock { $0.byKey.isEmpty ? nil : $0.byKey[key.exact]?.version }
     }
 
     /// Whether nothing is owed (cheap: listings ask it first).
-    var isEmpty: Bool { state.withLock { $0.byKey.isEmpty } }
+    package var isEmpty: Bool { state.withLock { $0.byKey.isEmpty } }
 
     /// The owed deletes of keys starting with `prefix` (the prefix itself included): the
     /// version each removes.
-    func pendingVersions(withPrefix prefix: String) -> [ExactString: String] {
+    package func pendingVersions(withPrefix prefix: String) -> [ExactString: String] {
         state.withLock { s in
             s.byKey.isEmpty ? [:] : s.byKey.filter { $0.key.string.utf8.starts(with: prefix.utf8) }.mapValues(\.version)
         }
     }
 
     /// How many owed deletes are of keys starting with `prefix` (the prefix itself included).
-    func pendingCount(withPrefix prefix: String) -> Int {
+    package func pendingCount(withPrefix prefix: String) -> Int {
         state.withLock { s in
             s.byKey.isEmpty ? 0 : s.byKey.keys.reduce(0) { n, key in n + (key.string.utf8.starts(with: prefix.utf8) ? 1 : 0) }
         }
     }
 
     /// Deletes owed now, and the age of the oldest (`--status`).
-    func backlog(now: Double = Filesystem.monotonicNow()) -> (count: Int, oldest: Double, lastError: String?) {
+    package func backlog(now: Double = monotonicNow()) -> (count: Int, oldest: Double, lastError: String?) {
         state.withLock { s in
             let all = s.queued + Array(s.inFlight.values)
             return (all.count, all.map { now - $0.since }.max() ?? 0, s.failures > 0 ? s.lastError : nil)
@@ -159,7 +160,7 @@ final class DeleteQueue: Sendable {
     /// Sends the owed deletes of `key` (or of every key below `prefix`, when `below`) now, or
     /// waits for the thread that sends or journals them (subtlety 2): the caller writes there
     /// next. Throws when a delete it sent failed (it stays owed).
-    func settle(_ key: String, below: Bool = false) throws(FSError) {
+    package func settle(_ key: String, below: Bool = false) throws(FSError) {
         func matches(_ pending: Pending) -> Bool {
             below ? pending.entry.key.utf8.starts(with: key.utf8) : pending.entry.key.exact == key.exact
         }
@@ -191,7 +192,7 @@ final class DeleteQueue: Sendable {
 
     /// Sends everything now (no backoff) and waits until nothing is owed or `timeout` passed;
     /// returns whether nothing is owed (fsync of a directory, `sync`, the drain at unmount).
-    func flush(timeout: Double) -> Bool {
+    package func flush(timeout: Double) -> Bool {
         state.withLock { $0.notBefore = 0 }
         kick()
         return state.withLock(when: { $0.byKey.isEmpty || ($0.senders == 0 && $0.failures > 0) }, timeout: timeout) {
@@ -202,9 +203,9 @@ final class DeleteQueue: Sendable {
     // MARK: The sender
 
     /// Starts senders while there is sendable work (up to `width`, not during a backoff).
-    func kick() {
+    package func kick() {
         let start: Int = state.withLock { s in
-            guard Filesystem.monotonicNow() >= s.notBefore else { return 0 }
+            guard monotonicNow() >= s.notBefore else { return 0 }
             let wanted = min(width, s.queued.count) - s.senders
             guard wanted > 0 else { return 0 }
             s.senders += wanted
@@ -234,7 +235,7 @@ final class DeleteQueue: Sendable {
     private func takeBatch() -> [Pending]? {
         let limit = store.bulkDeleteLimit
         return state.withLock { s -> [Pending]? in
-            guard Filesystem.monotonicNow() >= s.notBefore else { return nil }
+            guard monotonicNow() >= s.notBefore else { return nil }
             let size = limit.map { min($0, max(50, s.queued.count / width + 1)) } ?? 1
             var batch: [Pending] = []
             var taken: Set<UInt64> = []
@@ -329,7 +330,7 @@ final class DeleteQueue: Sendable {
         return found
     }
 
-    static func parent(of key: String) -> String {
+    package static func parent(of key: String) -> String {
         guard let slash = key.utf8.lastIndex(of: UInt8(ascii: "/")) else { return "" }
         return String(key[...slash])
     }
@@ -368,7 +369,7 @@ final class DeleteQueue: Sendable {
 
     /// Deletes a directory's `dir/` marker, and a `dir` object only when it is a directory object
     /// (application/directory): a regular file `dir` beside the marker is another name.
-    static func deleteMarkers(_ prefix: String, in store: any ObjectStore) throws(ObjectStoreError) {
+    package static func deleteMarkers(_ prefix: String, in store: any ObjectStore) throws(ObjectStoreError) {
         do {
             try store.delete(key: prefix)
         } catch where error.code == .notFound {}
@@ -418,7 +419,7 @@ final class DeleteQueue: Sendable {
             let first = s.failures == 1
             if first { s.lastError = error.message }
             let delay = min(30, 0.2 * Double(1 << min(s.failures - 1, 8))) * Double.random(in: 0.8...1.2)
-            s.notBefore = Filesystem.monotonicNow() + delay
+            s.notBefore = monotonicNow() + delay
             return (first, delay)
         }
         if first {

@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 
 #if canImport(Glibc)
@@ -9,19 +10,19 @@ import Glibc
 /// never deleted, since an overwrite or unlink of one name would take the other's bytes; a few
 /// orphaned parts below `.cssp-parts/` are the price. Kept across mounts in `shared-parts` in
 /// the spool directory, one manifest per line, appended and synced before the failure is returned.
-final class SharedParts: Sendable {
-    let path: String
+package final class SharedParts: Sendable {
+    package let path: String
     private let manifests: Locked<Set<String>>
 
-    init(directory: String) {
+    package init(directory: String) {
         path = directory + "/shared-parts"
         let lines = Spool.read(path)?.split(separator: "\n").map(String.init) ?? []
         manifests = Locked(Set(lines))
     }
 
-    func contains(_ manifest: String) -> Bool { manifests.withLock { $0.contains(manifest) } }
+    package func contains(_ manifest: String) -> Bool { manifests.withLock { $0.contains(manifest) } }
 
-    func mark(_ manifest: String) {
+    package func mark(_ manifest: String) {
         let added = manifests.withLock { $0.insert(manifest).inserted }
         guard added else { return }
         let fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0o600)

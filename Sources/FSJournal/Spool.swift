@@ -1,3 +1,4 @@
+import FSCore
 import Locking
 import Synchronization
 
@@ -24,28 +25,28 @@ import Glibc
 ///    the object is still the version they were made on.
 /// 5. A second live mount of the same URL uses `directory.PID`. A later mount adopts such
 ///    directories once their process is gone (their lock is free) and recovers them too.
-final class Spool: Sendable {
-    let directory: String
+package final class Spool: Sendable {
+    package let directory: String
     /// The descriptors holding the locks of `directory` and of adopted directories (empty once
     /// released).
     private let lockDescriptors: Locked<[Int32]>
     /// What earlier processes left in `directory` and the adopted directories (data path, note).
-    let leftovers: [(data: String, upload: PendingUpload?)]
+    package let leftovers: [(data: String, upload: PendingUpload?)]
     /// The attribute notes earlier processes left (note path, what it says).
-    let attributeLeftovers: [(note: String, change: PendingUpload)]
+    package let attributeLeftovers: [(note: String, change: PendingUpload)]
     /// Directories of earlier processes this one adopted (their lock was free).
-    let adopted: [String]
+    package let adopted: [String]
     /// The notes of this directory's data files (subtlety 1).
-    let uploads: UploadJournal
+    package let uploads: UploadJournal
 
     /// The delete journal of a spool directory (`DeleteJournal`).
-    static func deleteJournalPath(in directory: String) -> String { directory + "/deletes.journal" }
+    package static func deleteJournalPath(in directory: String) -> String { directory + "/deletes.journal" }
 
     /// Takes `directory` for this process (an exclusive lock on its `.lock`, held until `unlock`).
     /// When another live mount of the same URL holds it, a private `directory.PID` is used instead,
     /// so neither mount ever touches the other's spool files.
     /// `journalFile`: a journal's file at a path (tests pass a double that loses unsynced writes).
-    init(directory requested: String, journalFile: (String) -> any JournalFile = { DiskJournalFile(path: $0) }) throws(FSError) {
+    package init(directory requested: String, journalFile: (String) -> any JournalFile = { DiskJournalFile(path: $0) }) throws(FSError) {
         var directory = requested
         guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
         var fd = Spool.lock(directory)
@@ -79,7 +80,7 @@ final class Spool: Sendable {
     }
 
     /// Gives the directories up (at unmount), so that a later `Filesystem` can take them.
-    func unlock() {
+    package func unlock() {
         for fd in lockDescriptors.withLock({ fds in defer { fds = [] }; return fds }) { close(fd) }
     }
 
@@ -153,19 +154,19 @@ final class Spool: Sendable {
         return (uploads, attributes)
     }
 
-    static let attributeNoteSuffix = ".attributes"
+    package static let attributeNoteSuffix = ".attributes"
 
     /// Names this process's attribute notes apart from those an earlier process left here
     /// (inode numbers repeat across processes; a leftover is recovered while this one runs).
     private let attributeNotePrefix = String(UInt64.random(in: 0...UInt64.max), radix: 16) + "-"
 
     /// Where the attribute note of `inode` is.
-    func attributeNotePath(_ inode: InodeNumber) -> String {
+    package func attributeNotePath(_ inode: InodeNumber) -> String {
         directory + "/" + attributeNotePrefix + String(inode) + Self.attributeNoteSuffix
     }
 
     /// Moves a data file no note describes to `lost+found/` beside it; returns the new path.
-    static func keepLost(dataPath: String) -> String? {
+    package static func keepLost(dataPath: String) -> String? {
         let parent = dataPath.lastIndex(of: "/").map { String(dataPath[..<$0]) } ?? "."
         let name = dataPath.split(separator: "/").last.map(String.init) ?? dataPath
         let lost = parent + "/lost+found"
@@ -201,7 +202,7 @@ final class Spool: Sendable {
 
     /// Makes everything written in the spool directory durable (its filesystem synced: notes
     /// written without a sync, and the renames that put them in place).
-    func sync() -> Bool {
+    package func sync() -> Bool {
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return false }
         defer { close(fd) }
@@ -209,7 +210,7 @@ final class Spool: Sendable {
     }
 
     /// Creates a new empty spool file, opened read-write.
-    func create() throws(FSError) -> (path: String, fd: Int32) {
+    package func create() throws(FSError) -> (path: String, fd: Int32) {
         let path = directory + "/" + String(UInt64.random(in: 0...UInt64.max), radix: 16) + ".data"
         let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Spool.error("create spool file \(path)") }
@@ -217,26 +218,26 @@ final class Spool: Sendable {
         return (path, fd)
     }
 
-    static func error(_ what: String) -> FSError {
+    package static func error(_ what: String) -> FSError {
         let code = errno
         return FSError(code == ENOSPC || code == EDQUOT ? .noSpace : .ioError, "\(what): \(String(cString: strerror(code)))")
     }
 
     /// What a `.pending` note records: where the bytes go and how they are stored.
-    struct PendingUpload: Equatable {
-        var key: String
-        var contentType: String
-        var metadata: [String: String]
+    package struct PendingUpload: Equatable {
+        package var key: String
+        package var contentType: String
+        package var metadata: [String: String]
         /// The ETag of the object the spool's bytes replace ("" for a new name); nil in notes
         /// written before it was kept. An object found with another ETag (or gone) was changed
         /// by another client meanwhile: the bytes then go to a conflict copy.
-        var base: String?
+        package var base: String?
 
         /// Fields separated by NUL, which neither keys nor headers contain: the key, the content
         /// type, then `name=value` per metadata header, and `@base=ETAG` (`@` is no header
         /// character). A note holding only a key (as written before attributes were kept) is read
         /// with the default content type.
-        var encoded: [UInt8] {
+        package var encoded: [UInt8] {
             var fields = [key, contentType] + metadata.sorted { $0.key < $1.key }.map { $0.key + "=" + $0.value }
             if let base { fields.append("@base=" + base) }
             return Array(fields.joined(separator: "\0").utf8)
@@ -244,16 +245,16 @@ final class Spool: Sendable {
 
         /// Byte for byte (`encoded`): Swift's `String ==` calls two Unicode normalisations of a
         /// key equal, and a note must be rewritten when a rename changes one into the other.
-        static func == (a: PendingUpload, b: PendingUpload) -> Bool { a.encoded == b.encoded }
+        package static func == (a: PendingUpload, b: PendingUpload) -> Bool { a.encoded == b.encoded }
 
-        init(key: String, contentType: String, metadata: [String: String], base: String?) {
+        package init(key: String, contentType: String, metadata: [String: String], base: String?) {
             self.key = key
             self.contentType = contentType
             self.metadata = metadata
             self.base = base
         }
 
-        init?(decoding text: String) {
+        package init?(decoding text: String) {
             let fields = text.split(separator: "\0", omittingEmptySubsequences: false).map(String.init)
             guard let key = fields.first, !key.isEmpty else { return nil }
             self.key = key
@@ -268,12 +269,12 @@ final class Spool: Sendable {
         }
     }
 
-    static func read(_ path: String) -> String? {
+    package static func read(_ path: String) -> String? {
         readBytes(path).flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
     }
 
     /// The bytes of the file at `path`; nil when it cannot be opened.
-    static func readBytes(_ path: String) -> [UInt8]? {
+    package static func readBytes(_ path: String) -> [UInt8]? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
@@ -292,7 +293,7 @@ final class Spool: Sendable {
     /// else it survives the process, and a power cut once the next synced note is. Returns
     /// whether the note is written.
     @discardableResult
-    func writePendingNote(dataPath: String, upload: PendingUpload, sync: Bool = true) -> Bool {
+    package func writePendingNote(dataPath: String, upload: PendingUpload, sync: Bool = true) -> Bool {
         uploads.write(Self.name(of: dataPath), note: upload, sync: sync)
     }
 
@@ -305,7 +306,7 @@ final class Spool: Sendable {
     /// or the other. `sync`: on the disk before this returns (else it survives the process, not a
     /// power cut). Returns whether the note is written.
     @discardableResult
-    static func writeNote(_ note: String, _ upload: PendingUpload, sync: Bool) -> Bool {
+    package static func writeNote(_ note: String, _ upload: PendingUpload, sync: Bool) -> Bool {
         // A fresh file, never one a link points at, and one per writer: two threads may journal
         // one spool at once (a write-back close and a failed upload of the queue); each renames
         // a whole note over the old one. (Leftovers of a crash are swept at the next mount.)
@@ -332,14 +333,14 @@ final class Spool: Sendable {
     }
 
     /// Removes the note only: the spool's bytes are owed to nobody any more (unlinked, replaced).
-    func removeNote(dataPath: String) {
+    package func removeNote(dataPath: String) {
         uploads.remove(Self.name(of: dataPath))
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
     }
 
     /// Removes a data file (its journal note counts for nothing then) and an earlier version's
     /// note beside it.
-    static func remove(dataPath: String) {
+    package static func remove(dataPath: String) {
         unlink(dataPath)
         unlink(String(dataPath.dropLast(".data".count)) + ".pending")
     }
@@ -348,16 +349,3 @@ final class Spool: Sendable {
 /// glibc's syncfs(2), which its Swift module leaves out (it is declared under _GNU_SOURCE).
 @_silgen_name("syncfs")
 private func glibcSyncfs(_ fd: Int32) -> Int32
-
-/// A lock whose only job is to serialise a sequence of operations (held across network I/O on
-/// purpose; it guards no data, so it cannot be the kind of lock STYLE forbids holding there).
-final class SerialLock: Sendable {
-    /// Guards an Int, not Void: a zero-sized value has the address of the field after it (the
-    /// mutex pointer), so ThreadSanitizer saw the next locker's read of that pointer race with
-    /// the holder's access to the value.
-    private let mutex = Locked<Int>(0)
-
-    func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
-        try mutex.withLock { (_: inout Int) throws(E) -> T in try body() }
-    }
-}

@@ -23,16 +23,16 @@ public struct StoredAttributes: Sendable, Equatable {
         self.mtime = mtime
     }
 
-    static let parameterPrefix = "cssp-"
+    package static let parameterPrefix = "cssp-"
     public static let symlinkContentType = "application/link"
     /// The freedesktop shared-mime-info names of these inode types.
     public static let fifoContentType = "inode/fifo"
     public static let socketContentType = "inode/socket"
-    static let symlinkTargetHeader = "symlink-target"
+    package static let symlinkTargetHeader = "symlink-target"
     /// `X-Object-Meta-Cssp-Create`: a random token an exclusive create's empty object carries
     /// until its first upload or attribute change, telling whose create the store kept
     /// (`Filesystem.storeExclusively`). Not kept by later writes.
-    static let createTokenHeader = "cssp-create"
+    package static let createTokenHeader = "cssp-create"
 
     /// The content type without csspfs's parameters, and the attributes they carried.
     public static func parse(contentType: String) -> (base: String, attributes: StoredAttributes) {
@@ -40,7 +40,7 @@ public struct StoredAttributes: Sendable, Equatable {
     }
 
     /// `parse` for any content type, character by character.
-    static func parseCharacters(_ contentType: String) -> (base: String, attributes: StoredAttributes) {
+    package static func parseCharacters(_ contentType: String) -> (base: String, attributes: StoredAttributes) {
         var attributes = StoredAttributes()
         var kept: [Substring] = []
         for (index, part) in contentType.split(separator: ";", omittingEmptySubsequences: false).enumerated() {
@@ -57,13 +57,13 @@ public struct StoredAttributes: Sendable, Equatable {
         return (base.utf8.elementsEqual(octetStream.utf8) ? octetStream : base, attributes)
     }
 
-    static let octetStream = "application/octet-stream"
+    package static let octetStream = "application/octet-stream"
 
     /// `parse` of an ASCII content type (every one in practice), on its bytes: where a byte is a
     /// character, splitting, trimming and comparing bytes is what `parse` does with characters,
     /// at a fraction of the cost (`ls` of 200 000 names parsed each one several times; issue 21).
     /// nil for any other content type.
-    static func parseASCII(_ contentType: String) -> (base: String, attributes: StoredAttributes)? {
+    package static func parseASCII(_ contentType: String) -> (base: String, attributes: StoredAttributes)? {
         let bytes = contentType.utf8
         guard bytes.allSatisfy({ $0 < 0x80 }) else { return nil }
         let semicolon = UInt8(ascii: ";")
@@ -106,7 +106,7 @@ public struct StoredAttributes: Sendable, Equatable {
     /// decimal one (`33261`; read as octal it would claim setgid). Without a leading zero, a
     /// number that is a whole `st_mode` (a real file type) in decimal is read as decimal; anything
     /// else as octal, and only bare permissions or a whole `st_mode` are taken.
-    static func permissions(_ text: String) -> UInt16? {
+    package static func permissions(_ text: String) -> UInt16? {
         let types: Set<UInt32> = [0o140000, 0o120000, 0o100000, 0o060000, 0o040000, 0o020000, 0o010000]
         func isMode(_ value: UInt32) -> Bool { value <= 0o177777 && types.contains(value & 0o170000) }
         if !text.hasPrefix("0"), let value = UInt32(text, radix: 10), value > 0o7777, isMode(value) {

@@ -27,7 +27,7 @@ public final class MemoryBudget: Sendable {
 
     /// Takes `bytes` if they fit within the limit, or within `ceiling` if lower (work that
     /// may wait, like a background pull, leaves the rest to readers).
-    func tryReserve(_ bytes: Int64, upTo ceiling: Int64 = .max) -> Bool {
+    package func tryReserve(_ bytes: Int64, upTo ceiling: Int64 = .max) -> Bool {
         let bound = min(ceiling, limit)
         if take(bytes, upTo: bound) { return true }
         recycler.drain()
@@ -49,12 +49,12 @@ public final class MemoryBudget: Sendable {
     }
 
     /// Takes `bytes` whatever the limit (a read someone waits for).
-    func reserve(_ bytes: Int64) {
+    package func reserve(_ bytes: Int64) {
         if used.load(ordering: .relaxed) + bytes > limit { recycler.drain() }
         notePeak(used.add(bytes, ordering: .relaxed).newValue)
     }
 
-    func release(_ bytes: Int64) {
+    package func release(_ bytes: Int64) {
         used.subtract(bytes, ordering: .relaxed)
     }
 

@@ -1,9 +1,15 @@
+import FSCore
 import ObjectStore
 
 /// A HEAD's answer and when it was asked (`StoreClock` tick); `info` nil: no such object.
-struct HeadAnswer: Sendable {
-    var info: ObjectInfo?
-    var askedAt: UInt64
+package struct HeadAnswer: Sendable {
+    package var info: ObjectInfo?
+    package var askedAt: UInt64
+
+    package init(info: ObjectInfo?, askedAt: UInt64) {
+        self.info = info
+        self.askedAt = askedAt
+    }
 }
 
 /// The attribute merge rules: what a HEAD, a listing entry or both say about an object, merged
@@ -27,17 +33,17 @@ struct HeadAnswer: Sendable {
 /// node's own ETag still confirms the object (`confirmedAt`), as it always did.
 /// Owed attributes belong to the version they were made on: an answer admitted by (b) voids them.
 extension Node {
-    static let ownMetadataNames: Set<String> = [
+    package static let ownMetadataNames: Set<String> = [
         "mtime", "mode", "uid", "gid", StoredAttributes.symlinkTargetHeader, StoredAttributes.createTokenHeader,
     ]
 
     /// Whether a change of ours is not acknowledged by the store yet.
-    var hasUnacknowledgedChange: Bool { attributesOwed || attributeVersion != acknowledgedVersion }
+    package var hasUnacknowledgedChange: Bool { attributesOwed || attributeVersion != acknowledgedVersion }
 
     /// The rule: whether an answer asked at `askedAt`, showing `answerETag` (nil: an ETag that
     /// says nothing of the version, as a zero-byte listing entry's, maybe a DLO manifest's) dated
     /// `answerTime` by the server, may change the node; and whether it shows a newer version.
-    func admission(askedAt: UInt64, etag answerETag: String?, lastModified answerTime: Timestamp)
+    package func admission(askedAt: UInt64, etag answerETag: String?, lastModified answerTime: Timestamp)
         -> (admitted: Bool, newer: Bool)
     {
         let otherVersion = answerETag.map { !$0.isEmpty && !etag.isEmpty && $0 != etag } ?? false
@@ -61,7 +67,7 @@ extension Node {
     /// The store acknowledged a change of ours (tick `tick`, taken after the answer came): every
     /// answer asked before is refused from now on; `version`, if given, is the attribute version
     /// the change stored.
-    mutating func acknowledge(at tick: UInt64, version: UInt64? = nil) {
+    package mutating func acknowledge(at tick: UInt64, version: UInt64? = nil) {
         describedAsOf = max(describedAsOf, tick)
         if let version { acknowledgedVersion = max(acknowledgedVersion, min(version, attributeVersion)) }
         acknowledgedTime = Timestamp.now()
@@ -70,7 +76,7 @@ extension Node {
     /// A failed change or a conflict: what the store holds is unknown, so only answers asked from
     /// `tick` on count, and no change of ours is waiting for its acknowledgement any more.
     /// (Owed attributes stay owed: they are still to be stored.)
-    mutating func forgetWhatWasSaid(at tick: UInt64) {
+    package mutating func forgetWhatWasSaid(at tick: UInt64) {
         acknowledge(at: tick, version: attributesOwed ? nil : attributeVersion)
         confirmedAt = 0
         metadataKnownAt = 0
@@ -79,7 +85,7 @@ extension Node {
     /// Takes what a HEAD said, if the rule admits it (returned). `foreign`: where another tool's
     /// object's attributes come from (with `.listing`, not from its metadata headers).
     @discardableResult
-    mutating func apply(_ info: ObjectInfo, askedAt: UInt64, now: Double, foreign: ForeignAttributes = .head) -> Bool {
+    package mutating func apply(_ info: ObjectInfo, askedAt: UInt64, now: Double, foreign: ForeignAttributes = .head) -> Bool {
         let headTime = Timestamp(info.lastModified)
         let verdict = admission(askedAt: askedAt, etag: info.etag, lastModified: headTime)
         guard verdict.admitted else {
@@ -112,7 +118,7 @@ extension Node {
     /// A listing entry of another version of another tool's object makes the node forget its
     /// metadata (`metadataKnownAt`): with `foreign_attrs=head`, getattr HEADs it before the
     /// next report (`Filesystem.awaitsHead`).
-    mutating func merge(
+    package mutating func merge(
         _ entry: DirectoryEntry, listedAt: UInt64, head: HeadAnswer?, fresh: Bool, now: Double,
         foreign: ForeignAttributes = .head
     ) {

@@ -14,7 +14,7 @@ public enum NodeKind: Sendable, Equatable {
     case socket
 
     /// The content type (without parameters) that marks each kind that is not a plain file.
-    static func of(baseContentType base: String) -> NodeKind {
+    package static func of(baseContentType base: String) -> NodeKind {
         switch base {
         case StoredAttributes.symlinkContentType: return .symlink
         case StoredAttributes.fifoContentType: return .fifo
@@ -24,7 +24,7 @@ public enum NodeKind: Sendable, Equatable {
     }
 
     /// Kinds stored as one object whose attributes a HEAD and a POST handle (not directories).
-    var isObject: Bool { self != .directory }
+    package var isObject: Bool { self != .directory }
 }
 
 /// What `stat` shows for a node.
@@ -43,6 +43,19 @@ public struct Attributes: Sendable, Equatable {
     public var permissions: UInt16
     public var uid: UInt32
     public var gid: UInt32
+
+    package init(inode: InodeNumber, kind: NodeKind, size: Int64, modified: Timestamp, changed: Timestamp, accessed: Timestamp, links: UInt32, permissions: UInt16, uid: UInt32, gid: UInt32) {
+        self.inode = inode
+        self.kind = kind
+        self.size = size
+        self.modified = modified
+        self.changed = changed
+        self.accessed = accessed
+        self.links = links
+        self.permissions = permissions
+        self.uid = uid
+        self.gid = gid
+    }
 }
 
 /// Static statistics for `statfs`.
@@ -53,6 +66,15 @@ public struct FilesystemStatistics: Sendable, Equatable {
     public var totalInodes: UInt64
     public var freeInodes: UInt64
     public var maximumNameLength: UInt64
+
+    package init(blockSize: UInt64, totalBlocks: UInt64, freeBlocks: UInt64, totalInodes: UInt64, freeInodes: UInt64, maximumNameLength: UInt64) {
+        self.blockSize = blockSize
+        self.totalBlocks = totalBlocks
+        self.freeBlocks = freeBlocks
+        self.totalInodes = totalInodes
+        self.freeInodes = freeInodes
+        self.maximumNameLength = maximumNameLength
+    }
 }
 
 /// Who is asking (from the FUSE request), for the owner of new files.
@@ -194,27 +216,41 @@ public struct FilesystemConfiguration: Sendable {
 }
 
 /// One name in a directory, as the listing showed it.
-struct DirectoryEntry: Sendable, Equatable {
-    var name: String
-    var kind: NodeKind
+package struct DirectoryEntry: Sendable, Equatable {
+    package var name: String
+    package var kind: NodeKind
     /// The object behind a file (usually prefix + name; differs for an aliased shadowed file);
     /// for a directory its prefix, ending in "/".
-    var key: String
-    var size: Int64
-    var etag: String
-    var lastModified: Timestamp
-    var contentType: String
+    package var key: String
+    package var size: Int64
+    package var etag: String
+    package var lastModified: Timestamp
+    package var contentType: String
     /// `contentType` parsed, when whoever made the entry had the parts at hand (a packed
     /// listing stores them; parsing each entry again took a fifth of the daemon's time in a
     /// walk). Not part of equality.
-    var knownParse: (base: String, attributes: StoredAttributes)? = nil
+    package var knownParse: (base: String, attributes: StoredAttributes)? = nil
+
+    package init(
+        name: String, kind: NodeKind, key: String, size: Int64, etag: String, lastModified: Timestamp,
+        contentType: String, knownParse: (base: String, attributes: StoredAttributes)? = nil
+    ) {
+        self.name = name
+        self.kind = kind
+        self.key = key
+        self.size = size
+        self.etag = etag
+        self.lastModified = lastModified
+        self.contentType = contentType
+        self.knownParse = knownParse
+    }
 
     /// `StoredAttributes.parse(contentType:)` of the entry's content type.
-    var parsedContentType: (base: String, attributes: StoredAttributes) {
+    package var parsedContentType: (base: String, attributes: StoredAttributes) {
         knownParse ?? StoredAttributes.parse(contentType: contentType)
     }
 
-    static func == (a: DirectoryEntry, b: DirectoryEntry) -> Bool {
+    package static func == (a: DirectoryEntry, b: DirectoryEntry) -> Bool {
         // (Names and keys by their bytes: two spellings of "é" are two entries.)
         a.name.isSameKey(as: b.name) && a.kind == b.kind && a.key.isSameKey(as: b.key) && a.size == b.size && a.etag == b.etag
             && a.lastModified == b.lastModified && a.contentType == b.contentType

@@ -37,7 +37,7 @@ public struct FSError: Error, Sendable, CustomStringConvertible {
     }
 
     /// The meaning of a store error during `operation` on `what`.
-    init(storeError error: ObjectStoreError, operation: String, path: String) {
+    package init(storeError error: ObjectStoreError, operation: String, path: String) {
         let code: Code
         switch error.code {
         case .notFound: code = .notFound

@@ -1,5 +1,7 @@
 import BlockCache
 import Dispatch
+import FSCore
+import FSJournal
 import Locking
 import Metrics
 import ObjectStore
@@ -32,16 +34,16 @@ import Glibc
 ///    shared by the mount's readers). A pull ends with its reader (the handle's release): a
 ///    program that read a few bytes and closed the file does not download the rest.
 /// 5. No lock is held during network or cache I/O. Lock order: `FileReader.state`, then `Block.state`.
-final class FileReader: Sendable {
-    let key: String
+package final class FileReader: Sendable {
+    package let key: String
     /// Runs read-ahead and page-cache stores.
     private let pool: BackgroundPool
-    let size: Int64
-    let etag: String
-    let isManifest: Bool
+    package let size: Int64
+    package let etag: String
+    package let isManifest: Bool
     /// `container/prefix` of a DLO manifest: a replaced DLO names other parts (uploads use a new
     /// prefix each), which is how a replaced one is recognised (its ETag varies per response).
-    let manifest: String?
+    package let manifest: String?
     private let store: any ObjectStore
     private let cache: BlockCache?
     private let cacheObject: BlockCache.Object
@@ -60,24 +62,24 @@ final class FileReader: Sendable {
     /// Object versions being pulled whole by the mount's readers (subtlety 7).
     private let pulling: PullRegistry
     /// GETs a pull keeps running at once.
-    static let pullWorkers = 3
+    package static let pullWorkers = 3
     /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
     private let kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)?
 
     private struct State {
         /// Blocks fetched or being fetched for this handle, by index.
-        var blocks: [Int64: Block] = [:]
+        package var blocks: [Int64: Block] = [:]
         /// Ends of the last few reads (to recognise a sequential reader).
-        var recentEnds: [Int64] = [0]
-        var sequentialRun = 0
+        package var recentEnds: [Int64] = [0]
+        package var sequentialRun = 0
         /// Bytes read ahead of a sequential reader; 0 when random.
-        var window: Int64 = 0
+        package var window: Int64 = 0
         /// Read-ahead has been started for blocks below this index.
-        var aheadEnd: Int64 = 0
+        package var aheadEnd: Int64 = 0
         /// The pull (subtlety 7): whether this reader runs it, its workers, the next block to look at.
-        var pulls = false
-        var pullWorkers = 0
-        var pullNext: Int64 = 0
+        package var pulls = false
+        package var pullWorkers = 0
+        package var pullNext: Int64 = 0
     }
 
     /// Protects the block table and the access pattern.
@@ -88,15 +90,15 @@ final class FileReader: Sendable {
 
     /// Whether its handle was opened with the kernel's pages of the file kept: the kernel may
     /// have served some reads from them without asking (`Filesystem.read`).
-    let keptPages: Bool
+    package let keptPages: Bool
     /// When the handle was opened (the filesystem's clock): a handle held open longer than
     /// `attr_timeout` takes a version the mount learned of later (`Filesystem.read`).
-    let openedAt: Double
+    package let openedAt: Double
 
     /// Whether any read of this reader has been answered (even at EOF).
-    var hasAnswered: Bool { answered.load(ordering: .acquiring) }
+    package var hasAnswered: Bool { answered.load(ordering: .acquiring) }
 
-    init(
+    package init(
         store: any ObjectStore, pool: BackgroundPool, key: String, size: Int64, etag: String, manifest: String?,
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
         budget: MemoryBudget = MemoryBudget(limit: .max), pulling: PullRegistry = PullRegistry(),
@@ -127,7 +129,7 @@ final class FileReader: Sendable {
     }
 
     /// Reads up to `length` bytes at `offset` and hands them to `reply` (empty at or past EOF).
-    func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
+    package func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
         try readVersion(offset: offset, length: length) { bytes in
             answered.store(true, ordering: .releasing)
             reply(bytes)
@@ -432,7 +434,7 @@ final class FileReader: Sendable {
     }
 
     /// Groups ascending block indexes into runs of consecutive ones, each at most `longest` long.
-    static func runs(_ indexes: [Int64], longest: Int) -> [[Int64]] {
+    package static func runs(_ indexes: [Int64], longest: Int) -> [[Int64]] {
         var runs: [[Int64]] = []
         for index in indexes.sorted() {
             if let previous = runs.last?.last, previous == index - 1, runs[runs.count - 1].count < longest {
@@ -529,47 +531,49 @@ final class FileReader: Sendable {
 
 /// The object versions a mount's readers are pulling whole (`FileReader`, subtlety 7): one
 /// reader per version pulls at a time.
-final class PullRegistry: Sendable {
+package final class PullRegistry: Sendable {
     private let objects = Locked<Set<BlockCache.Object>>([])
 
     /// Whether the caller may pull `object` (nobody else does).
-    func claim(_ object: BlockCache.Object) -> Bool { objects.withLock { $0.insert(object).inserted } }
+    package func claim(_ object: BlockCache.Object) -> Bool { objects.withLock { $0.insert(object).inserted } }
 
-    func release(_ object: BlockCache.Object) { _ = objects.withLock { $0.remove(object) } }
+    package func release(_ object: BlockCache.Object) { _ = objects.withLock { $0.remove(object) } }
+
+    package init() {}
 }
 
 /// One block of an object, fetched once and shared by the reads that need it.
-final class Block: Sendable {
+package final class Block: Sendable {
     /// Where the block's bytes are: a range of the buffer of the GET that fetched it.
-    struct Bytes: Sendable {
-        var buffer: ByteBuffer
-        var range: Range<Int>
+    package struct Bytes: Sendable {
+        package var buffer: ByteBuffer
+        package var range: Range<Int>
     }
 
-    let index: Int64
+    package let index: Int64
     private let state = Locked<Result<Bytes, FSError>?>(nil)
     private let latch = Latch()
 
-    init(index: Int64) { self.index = index }
+    package init(index: Int64) { self.index = index }
 
-    func finish(_ result: Result<Bytes, FSError>) {
+    package func finish(_ result: Result<Bytes, FSError>) {
         state.withLock { $0 = result }
         latch.open()
     }
 
-    func wait() -> Result<Bytes, FSError> {
+    package func wait() -> Result<Bytes, FSError> {
         latch.wait()
         return state.withLock { $0! }
     }
 }
 
 /// A gate that opens once; waiters block until then. (Mutex has no condition variable.)
-final class Latch: @unchecked Sendable {  // All fields are guarded by `mutex`.
+package final class Latch: @unchecked Sendable {  // All fields are guarded by `mutex`.
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
     private var isOpen = false
 
-    init() {
+    package init() {
         pthread_mutex_init(mutex, nil)
         pthread_cond_init(condition, nil)
     }
@@ -581,14 +585,14 @@ final class Latch: @unchecked Sendable {  // All fields are guarded by `mutex`.
         mutex.deallocate()
     }
 
-    func open() {
+    package func open() {
         pthread_mutex_lock(mutex)
         isOpen = true
         pthread_cond_broadcast(condition)
         pthread_mutex_unlock(mutex)
     }
 
-    func wait() {
+    package func wait() {
         pthread_mutex_lock(mutex)
         while !isOpen { pthread_cond_wait(condition, mutex) }
         pthread_mutex_unlock(mutex)

@@ -74,13 +74,13 @@ public struct Timestamp: Sendable, Equatable, Comparable, CustomStringConvertibl
     }
 
     /// The time to the second, rounded up (how a HEAD's Last-Modified reports a listed time).
-    var roundedUpToSecond: Timestamp {
+    package var roundedUpToSecond: Timestamp {
         nanoseconds > 0 ? Timestamp(seconds: seconds + 1, nanoseconds: 0) : self
     }
 
     /// Whether two reports of one object's time agree: equal, or one is the whole-second form of
     /// the other (a HEAD's Last-Modified is the listing's time rounded up to the second).
-    func agrees(with other: Timestamp) -> Bool {
+    package func agrees(with other: Timestamp) -> Bool {
         func roundedUp(_ t: Timestamp) -> Int64 { t.seconds + (t.nanoseconds > 0 ? 1 : 0) }
         if self == other { return true }
         if nanoseconds == 0 { return seconds == roundedUp(other) }

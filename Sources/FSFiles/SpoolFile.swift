@@ -1,4 +1,6 @@
 import BlockCache
+import FSCore
+import FSJournal
 import Locking
 import ObjectStore
 import Synchronization
@@ -21,8 +23,8 @@ import Glibc
 /// The note that journals an owed upload is written on every failed upload (before the writer
 /// hears EIO) and at every write-back flush, rewritten when the name or attributes change, and
 /// removed when the upload succeeds or the file is removed.
-struct SpoolState: Equatable {
-    enum Phase: Equatable {
+package struct SpoolState: Equatable {
+    package enum Phase: Equatable {
         /// Stored at flush, fsync and the last close whenever it changed.
         case active
         /// An upload failed after the last handle closed: a retry is scheduled (`tries` so far).
@@ -36,63 +38,63 @@ struct SpoolState: Equatable {
         case retired
     }
 
-    private(set) var phase = Phase.active
-    private(set) var writers = 0
-    private(set) var readers = 0
+    package private(set) var phase = Phase.active
+    package private(set) var writers = 0
+    package private(set) var readers = 0
 
-    var size: Int64
+    package var size: Int64
     /// Bytes changed since the last successful upload (or never uploaded).
-    var dataDirty: Bool
+    package var dataDirty: Bool
     /// Mode, owner or time changed since the last successful upload.
-    var metadataDirty = false
+    package var metadataDirty = false
     /// Bumped by every change, so an upload knows whether it stored the latest state.
-    var generation: UInt64 = 0
+    package var generation: UInt64 = 0
     /// Writes or truncations under way (their bytes may be in the file before `generation` moves).
-    var changesInProgress = 0
+    package var changesInProgress = 0
     /// Parts uploaded while the file is written (see `EarlyParts`), and the generation of the
     /// last write into each part.
-    var earlyParts: EarlyParts? = nil
-    var partGenerations: [Int: UInt64] = [:]
+    package var earlyParts: EarlyParts? = nil
+    package var partGenerations: [Int: UInt64] = [:]
     /// The ETag of the object these bytes replace ("" for a new name): an owed upload checks it
     /// first, so that another client's newer version is never overwritten (see `Spool`).
-    var baseETag: String
+    package var baseETag: String
     /// A write or truncation of the spool failed (a full `cache_dir`): its bytes are not what the
     /// application wrote, so they are never uploaded. Every flush reports this error; the last
     /// close keeps the bytes in `lost+found/` and retires the spool. A truncation to 0 starts the
     /// content anew and clears it.
-    var writeFailure: FSError? = nil
+    package var writeFailure: FSError? = nil
     /// A flush came while the spool was queued (see `queue`).
-    private(set) var flushedWhileQueued = false
+    package private(set) var flushedWhileQueued = false
     /// The generation whose bytes a write-back flush last synced (a second flush of the same
     /// bytes, as a dup'ed descriptor's close makes, syncs nothing).
-    var syncedGeneration: UInt64? = nil
+    package var syncedGeneration: UInt64? = nil
 
-    init(size: Int64, dataDirty: Bool, baseETag: String = "") {
+    package init(size: Int64, dataDirty: Bool, baseETag: String = "") {
         self.size = size
         self.dataDirty = dataDirty
         self.baseETag = baseETag
     }
 
-    static func == (a: SpoolState, b: SpoolState) -> Bool {
+    package static func == (a: SpoolState, b: SpoolState) -> Bool {
         a.phase == b.phase && a.writers == b.writers && a.readers == b.readers && a.size == b.size
             && a.dataDirty == b.dataDirty && a.metadataDirty == b.metadataDirty && a.generation == b.generation
     }
 
-    var isIdle: Bool { writers == 0 && readers == 0 }
-    var isDirty: Bool { dataDirty || metadataDirty }
-    var isRemoved: Bool { phase == .removed || phase == .retired }
+    package var isIdle: Bool { writers == 0 && readers == 0 }
+    package var isDirty: Bool { dataDirty || metadataDirty }
+    package var isRemoved: Bool { phase == .removed || phase == .retired }
 
     /// Whether an upload now would store something (changed, and a name still leads to it).
-    var needsUpload: Bool { isDirty && !isRemoved && writeFailure == nil }
+    package var needsUpload: Bool { isDirty && !isRemoved && writeFailure == nil }
 
     /// A handle opens on the spool. False when it is retired: the caller makes a new one.
-    mutating func attach(writable: Bool) -> Bool {
+    package mutating func attach(writable: Bool) -> Bool {
         guard phase != .retired else { return false }
         if writable { writers += 1 } else { readers += 1 }
         return true
     }
 
-    enum Release: Equatable {
+    package enum Release: Equatable {
         /// Other handles remain.
         case keep
         /// The last handle closed on a spool whose upload a scheduled retry or the write-back
@@ -106,7 +108,7 @@ struct SpoolState: Equatable {
     }
 
     /// A handle closes.
-    mutating func detach(writable: Bool) -> Release {
+    package mutating func detach(writable: Bool) -> Release {
         if writable {
             precondition(writers > 0, "INTERNAL ERROR: a spool closed by more writers than it had")
             writers -= 1
@@ -125,7 +127,7 @@ struct SpoolState: Equatable {
     }
 
     /// An upload of the state at `generation` succeeded. Returns whether the spool can retire.
-    mutating func uploaded(generation stored: UInt64) -> Bool {
+    package mutating func uploaded(generation stored: UInt64) -> Bool {
         if generation == stored && changesInProgress == 0 {
             dataDirty = false
             metadataDirty = false
@@ -138,7 +140,7 @@ struct SpoolState: Equatable {
     /// Write-back: a flush journaled changed bytes; the queue owns their upload from now on.
     /// False when there is nothing to queue, a scheduled retry owns the upload already, or it is
     /// queued already (an upload under way may store an older generation: `requeue` then).
-    mutating func queue() -> Bool {
+    package mutating func queue() -> Bool {
         if phase == .queued { flushedWhileQueued = true }
         guard needsUpload, phase == .active else { return false }
         phase = .queued
@@ -147,16 +149,16 @@ struct SpoolState: Equatable {
 
     /// After the queue's upload: queued again when a flush journaled newer bytes meanwhile, or
     /// when no handle holds changes made since (a truncate or chmod by path: no flush follows).
-    mutating func requeue() -> Bool {
+    package mutating func requeue() -> Bool {
         guard flushedWhileQueued || isIdle else { return false }
         flushedWhileQueued = false
         return queue()
     }
 
     /// Whether the queue's upload of this spool is still to do (not done, removed or failed).
-    var isQueued: Bool { phase == .queued }
+    package var isQueued: Bool { phase == .queued }
 
-    enum Failure: Equatable {
+    package enum Failure: Equatable {
         /// Keep the bytes; a handle is still open (its next flush tries again), or a retry is
         /// scheduled already.
         case keep
@@ -167,7 +169,7 @@ struct SpoolState: Equatable {
     }
 
     /// An upload failed (the note is written whatever this returns, unless removed).
-    mutating func uploadFailed() -> Failure {
+    package mutating func uploadFailed() -> Failure {
         switch phase {
         case .removed: return isIdle ? .retire : .keep
         case .retired: return .keep
@@ -185,13 +187,13 @@ struct SpoolState: Equatable {
     }
 
     /// A scheduled retry is due: whether to upload now.
-    func retryIsDue() -> Bool {
+    package func retryIsDue() -> Bool {
         if case .pending = phase { return true }
         return false
     }
 
     /// The scheduled retry failed again: schedule the next one.
-    mutating func retryFailed() -> Failure {
+    package mutating func retryFailed() -> Failure {
         guard case .pending(let tries) = phase else { return isIdle && phase == .removed ? .retire : .keep }
         phase = .pending(tries: tries + 1)
         return .scheduleRetry(tries: tries + 1)
@@ -199,7 +201,7 @@ struct SpoolState: Equatable {
 
     /// The file was unlinked or replaced. Returns the early parts to discard, and whether the
     /// spool can retire now.
-    mutating func remove() -> (early: EarlyParts?, retire: Bool) {
+    package mutating func remove() -> (early: EarlyParts?, retire: Bool) {
         guard phase != .retired else { return (nil, false) }
         phase = .removed
         let early = earlyParts
@@ -209,7 +211,7 @@ struct SpoolState: Equatable {
     }
 
     /// The owner drops the spool: only when idle and nothing is owed. Returns whether it did.
-    mutating func retire() -> Bool {
+    package mutating func retire() -> Bool {
         guard isIdle, phase == .removed || (phase == .active && !isDirty) || (phase != .retired && writeFailure != nil)
         else { return false }
         phase = .retired
@@ -219,40 +221,45 @@ struct SpoolState: Equatable {
 
 /// A file open for writing (or closed with its upload still owed): its spool file and its
 /// `SpoolState`.
-final class SpoolFile: Sendable {
-    let inode: InodeNumber
-    let path: String
+package final class SpoolFile: Sendable {
+    package let inode: InodeNumber
+    package let path: String
 
     /// The spool's descriptor (-1: closed) and the calls using it now. It is closed while the
     /// spool only waits for a retry with no handle (a thousand owed files would otherwise use a
     /// thousand descriptors, and EMFILE breaks curl and SQLite for everything), and opened again
     /// by the next use. Lock 5 of the LOCKING block in Filesystem.swift.
     private struct Descriptor {
-        var fd: Int32
-        var users = 0
+        package var fd: Int32
+        package var users = 0
     }
     private let descriptor: Locked<Descriptor>
 
     /// Protects the state (lock 4 of the LOCKING block in Filesystem.swift).
-    let state: Locked<SpoolState>
+    package let state: Locked<SpoolState>
     /// Serialises uploads of this file (lock 2 of the LOCKING block in Filesystem.swift).
-    let uploadLock = SerialLock()
+    package let uploadLock = SerialLock()
     /// Serialises writing and removing this spool's note with reading what it says (the node,
     /// the state): a leaf but for the filesystem's state lock and this spool's state lock, which
     /// it takes inside. Two threads journaling at once (a release and a rename of a queued file)
     /// otherwise leave whichever note they wrote last, perhaps under the old name.
     /// It guards the note as this process last wrote it (nil: none on disk), so that a note
     /// that would say the same is not written again.
-    let noteLock = Locked<WrittenNote?>(nil)
+    package let noteLock = Locked<WrittenNote?>(nil)
 
     /// A note as written: what it says, and whether it was synced (else it survives the
     /// process, not a power cut).
-    struct WrittenNote {
-        var upload: Spool.PendingUpload
-        var synced: Bool
+    package struct WrittenNote {
+        package var upload: Spool.PendingUpload
+        package var synced: Bool
+
+        package init(upload: Spool.PendingUpload, synced: Bool) {
+            self.upload = upload
+            self.synced = synced
+        }
     }
 
-    init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {
+    package init(inode: InodeNumber, path: String, fd: Int32, size: Int64, dirty: Bool, baseETag: String) {
         self.inode = inode
         self.path = path
         self.descriptor = Locked(Descriptor(fd: fd))
@@ -260,7 +267,7 @@ final class SpoolFile: Sendable {
     }
 
     /// Runs `body` with the spool's descriptor, opening it again if it was closed.
-    func usingDescriptor<T>(_ body: (Int32) throws(FSError) -> T) throws(FSError) -> T {
+    package func usingDescriptor<T>(_ body: (Int32) throws(FSError) -> T) throws(FSError) -> T {
         let fd = try descriptor.withLock { (d: inout Descriptor) throws(FSError) -> Int32 in
             if d.fd < 0 {
                 d.fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
@@ -274,14 +281,14 @@ final class SpoolFile: Sendable {
     }
 
     /// The descriptor now (tests replace it with /dev/full to simulate a full disk).
-    var fd: Int32 { (try? usingDescriptor { $0 }) ?? -1 }
+    package var fd: Int32 { (try? usingDescriptor { $0 }) ?? -1 }
 
     /// Whether the descriptor is open (tests).
-    var isDescriptorOpen: Bool { descriptor.withLock { $0.fd >= 0 } }
+    package var isDescriptorOpen: Bool { descriptor.withLock { $0.fd >= 0 } }
 
     /// Closes the descriptor while the spool waits for a retry with no handle and no call using
     /// it (the retry uploads from the path).
-    func closeWhileWaiting() {
+    package func closeWhileWaiting() {
         state.withLock { s in
             guard s.isIdle, s.retryIsDue() else { return }
             descriptor.withLock { d in
@@ -293,16 +300,16 @@ final class SpoolFile: Sendable {
     }
 
     /// Closes the descriptor for good (the spool is retired).
-    func closeDescriptor() {
+    package func closeDescriptor() {
         descriptor.withLock { d in
             if d.fd >= 0 { close(d.fd) }
             d.fd = -1
         }
     }
 
-    var size: Int64 { state.withLock { $0.size } }
+    package var size: Int64 { state.withLock { $0.size } }
 
-    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FSError) {
+    package func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(FSError) {
         state.withLock { $0.changesInProgress += 1 }
         defer {
             state.withLock { s in
@@ -332,7 +339,7 @@ final class SpoolFile: Sendable {
         }
     }
 
-    func truncate(to size: Int64) throws(FSError) {
+    package func truncate(to size: Int64) throws(FSError) {
         state.withLock { $0.changesInProgress += 1 }
         defer {
             state.withLock { s in
@@ -365,18 +372,18 @@ final class SpoolFile: Sendable {
     }
 
     /// Whether the spool holds exactly what it held at `generation` (no change since, none under way).
-    func isUnchanged(since generation: UInt64) -> Bool {
+    package func isUnchanged(since generation: UInt64) -> Bool {
         state.withLock { $0.generation == generation && $0.changesInProgress == 0 }
     }
 
-    func markMetadataDirty() {
+    package func markMetadataDirty() {
         state.withLock { s in
             s.metadataDirty = true
             s.generation += 1
         }
     }
 
-    func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
+    package func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
         let size = self.size
         guard offset < size, length > 0 else {
             reply(UnsafeRawBufferPointer(start: nil, count: 0))
@@ -400,7 +407,7 @@ final class SpoolFile: Sendable {
     }
 
     /// Closes and deletes the spool.
-    func discard() {
+    package func discard() {
         closeDescriptor()
         Spool.remove(dataPath: path)
     }

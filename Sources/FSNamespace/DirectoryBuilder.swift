@@ -1,3 +1,4 @@
+import FSCore
 import ObjectStore
 
 /// Turns delimiter-listing pages of one directory prefix into directory entries, page by page.
@@ -13,21 +14,21 @@ import ObjectStore
 ///    so the builder reports it and the caller resolves it with `Collision.Resolution`.
 /// 4. Names that cannot be path components (empty from `a//b`, `.`, `..`, over 255 bytes) are
 ///    skipped and counted, never shown under a mangled name.
-struct DirectoryBuilder {
-    let prefix: String
+package struct DirectoryBuilder {
+    package let prefix: String
     private var heldFiles: [ExactString: ObjectSummary] = [:]
     /// Names already emitted as directories (a later `x/` merges into an application/directory `x`).
     private var emittedDirectories: Set<ExactString> = []
-    private(set) var skippedNames = 0
+    package private(set) var skippedNames = 0
     /// Whether the listing showed an object at the prefix itself (the directory's `dir/` marker).
-    private(set) var sawMarker = false
+    package private(set) var sawMarker = false
 
     /// A file and a directory with the same name.
-    struct Collision: Equatable {
-        var name: String
-        var file: ObjectSummary
+    package struct Collision: Equatable {
+        package var name: String
+        package var file: ObjectSummary
 
-        enum Resolution: Equatable {
+        package enum Resolution: Equatable {
             /// The directory is only the file's own DLO parts: show the file, hide the directory.
             case fileWins
             /// Show the directory under the name, and the file as `name` + `shadowSuffix`.
@@ -36,12 +37,12 @@ struct DirectoryBuilder {
     }
 
     /// Appended to the name of a file hidden by a directory of the same name.
-    static let shadowSuffix = "~object"
+    package static let shadowSuffix = "~object"
 
-    init(prefix: String) { self.prefix = prefix }
+    package init(prefix: String) { self.prefix = prefix }
 
     /// Adds one page; returns the entries now certain, and collisions the caller must resolve.
-    mutating func add(_ page: [ListEntry], isLastPage: Bool) -> (entries: [DirectoryEntry], collisions: [Collision]) {
+    package mutating func add(_ page: [ListEntry], isLastPage: Bool) -> (entries: [DirectoryEntry], collisions: [Collision]) {
         var entries: [DirectoryEntry] = []
         var collisions: [Collision] = []
         for item in page {
@@ -85,7 +86,7 @@ struct DirectoryBuilder {
     }
 
     /// The entries for a resolved collision.
-    static func entries(for collision: Collision, resolution: Collision.Resolution, prefix: String) -> [DirectoryEntry] {
+    package static func entries(for collision: Collision, resolution: Collision.Resolution, prefix: String) -> [DirectoryEntry] {
         switch resolution {
         case .fileWins:
             return [file(collision.name, collision.file)]
@@ -97,7 +98,7 @@ struct DirectoryBuilder {
         }
     }
 
-    static func file(_ name: String, _ summary: ObjectSummary) -> DirectoryEntry {
+    package static func file(_ name: String, _ summary: ObjectSummary) -> DirectoryEntry {
         let parsed = StoredAttributes.parse(contentType: summary.contentType)
         return DirectoryEntry(
             name: name, kind: NodeKind.of(baseContentType: parsed.base), key: summary.key, size: summary.size,
@@ -105,7 +106,7 @@ struct DirectoryBuilder {
             knownParse: parsed)
     }
 
-    static func directory(_ name: String, key: String) -> DirectoryEntry {
+    package static func directory(_ name: String, key: String) -> DirectoryEntry {
         DirectoryEntry(name: name, kind: .directory, key: key, size: 0, etag: "", lastModified: .zero, contentType: "")
     }
 
@@ -127,7 +128,7 @@ struct DirectoryBuilder {
         return String(rest)
     }
 
-    static func isValidName<S: StringProtocol>(_ name: S) -> Bool {
+    package static func isValidName<S: StringProtocol>(_ name: S) -> Bool {
         !name.isEmpty && name != "." && name != ".." && name.utf8.count <= 255 && !name.contains("/")
             && !name.utf8.contains(0)
     }
@@ -135,7 +136,7 @@ struct DirectoryBuilder {
     /// Decides a collision from the HEAD of the file and the start of the listing under `name/`:
     /// the file wins only when it is a DLO manifest of this container and everything under
     /// `name/` belongs to its parts.
-    static func resolve(
+    package static func resolve(
         key: String, manifest: String?, container: String, childrenPreview: [ListEntry]
     ) -> Collision.Resolution {
         guard let manifest, manifest.hasPrefix(container + "/") else { return .directoryWins }

@@ -1,3 +1,5 @@
+import FSCore
+import FSJournal
 import Locking
 import ObjectStore
 
@@ -35,11 +37,11 @@ public final class Transfers: Sendable {
     }
 
     private struct State {
-        var nextID = 0
-        var running: [Int: Running] = [:]
-        var owed: [InodeNumber: Owed] = [:]
+        package var nextID = 0
+        package var running: [Int: Running] = [:]
+        package var owed: [InodeNumber: Owed] = [:]
         /// Bumped by every change of `owed`.
-        var changes: UInt64 = 0
+        package var changes: UInt64 = 0
     }
 
     /// Guards the tables; every change wakes `waitForRoom`.
@@ -48,7 +50,7 @@ public final class Transfers: Sendable {
     public init() {}
 
     /// Registers an upload to `key` (its total in `progress`); `end` with the returned id removes it.
-    func begin(key: String, progress: TransferProgress) -> Int {
+    package func begin(key: String, progress: TransferProgress) -> Int {
         state.withLock { s in
             s.nextID += 1
             s.running[s.nextID] = Running(key: key, progress: progress, started: Self.monotonic())
@@ -56,12 +58,12 @@ public final class Transfers: Sendable {
         }
     }
 
-    func end(_ id: Int) {
+    package func end(_ id: Int) {
         state.withLock { _ = $0.running.removeValue(forKey: id) }
     }
 
     /// An upload of the file `inode` failed: it is owed until stored.
-    func recordFailure(_ inode: InodeNumber, key: String, size: Int64, error: String) {
+    package func recordFailure(_ inode: InodeNumber, key: String, size: Int64, error: String) {
         state.withLock { s in
             let tries = (s.owed[inode]?.tries ?? 0) + 1
             s.owed[inode] = Owed(key: key, size: size, tries: tries, lastError: error, nextTry: nil, queued: false)
@@ -70,7 +72,7 @@ public final class Transfers: Sendable {
     }
 
     /// Write-back: the file `inode` was journaled at close; the queue stores it in `delay` s.
-    func recordQueued(_ inode: InodeNumber, key: String, size: Int64, in delay: Double) {
+    package func recordQueued(_ inode: InodeNumber, key: String, size: Int64, in delay: Double) {
         state.withLock { s in
             s.owed[inode] = Owed(key: key, size: size, tries: 0, lastError: "", nextTry: Self.monotonic() + delay, queued: true)
             s.changes += 1
@@ -78,26 +80,26 @@ public final class Transfers: Sendable {
     }
 
     /// The owed upload of `inode` goes to `key` now (a rename of a queued file).
-    func move(_ inode: InodeNumber, to key: String) {
+    package func move(_ inode: InodeNumber, to key: String) {
         state.withLock { s in s.owed[inode]?.key = key }
     }
 
     /// The owed upload of `inode` is tried again in `delay` seconds.
-    func scheduleRetry(_ inode: InodeNumber, in delay: Double) {
+    package func scheduleRetry(_ inode: InodeNumber, in delay: Double) {
         state.withLock { s in s.owed[inode]?.nextTry = Self.monotonic() + delay }
     }
 
-    func clearOwed(_ inode: InodeNumber) {
+    package func clearOwed(_ inode: InodeNumber) {
         state.withLock { s in
             if s.owed.removeValue(forKey: inode) != nil { s.changes += 1 }
         }
     }
 
-    var owedInodes: [InodeNumber] { state.withLock { Array($0.owed.keys) } }
+    package var owedInodes: [InodeNumber] { state.withLock { Array($0.owed.keys) } }
 
     /// Whether the uploads owed hold at most `limit` bytes, or `inode`'s is the only one
     /// (write-back's bound, `writeback_max_mb`: a file larger than the bound alone goes through).
-    func hasRoom(limit: Int64, for inode: InodeNumber) -> Bool {
+    package func hasRoom(limit: Int64, for inode: InodeNumber) -> Bool {
         state.withLock { Self.hasRoom($0, limit: limit, for: inode) }
     }
 
@@ -106,20 +108,20 @@ public final class Transfers: Sendable {
     }
 
     /// Waits until `hasRoom`, or something owed changed, or `timeout` seconds passed.
-    func waitForChange(limit: Int64, for inode: InodeNumber, timeout: Double) {
+    package func waitForChange(limit: Int64, for inode: InodeNumber, timeout: Double) {
         let before = state.withLock { $0.changes }
         _ = state.withLock(when: { $0.changes != before || Self.hasRoom($0, limit: limit, for: inode) }, timeout: timeout) { _ in }
     }
 
     /// The queued uploads, oldest first (write-back's back-pressure stores the oldest itself).
-    var queuedInodes: [InodeNumber] {
+    package var queuedInodes: [InodeNumber] {
         state.withLock { s in
             s.owed.filter { $0.value.queued }.sorted { ($0.value.nextTry ?? 0) < ($1.value.nextTry ?? 0) }.map(\.key)
         }
     }
 
     /// The bytes of the uploads owed.
-    var owedBytes: Int64 { state.withLock { $0.owed.values.reduce(0) { $0 + $1.size } } }
+    package var owedBytes: Int64 { state.withLock { $0.owed.values.reduce(0) { $0 + $1.size } } }
 
     public var running: [Running] { state.withLock { Array($0.running.values) }.sorted { $0.started < $1.started } }
     public var owed: [Owed] {
@@ -164,7 +166,7 @@ public final class Transfers: Sendable {
     }
 
     /// 1536 → "1.5 KiB".
-    static func bytes(_ count: Int64) -> String {
+    package static func bytes(_ count: Int64) -> String {
         let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
         var value = Double(count)
         var unit = 0
@@ -178,7 +180,7 @@ public final class Transfers: Sendable {
     }
 
     /// 75.2 → "75 s", 3700 → "1 h 1 min".
-    static func seconds(_ value: Double) -> String {
+    package static func seconds(_ value: Double) -> String {
         let whole = Int(value.rounded(.up))
         if whole < 120 { return "\(whole) s" }
         if whole < 3600 { return "\(whole / 60) min \(whole % 60) s" }
