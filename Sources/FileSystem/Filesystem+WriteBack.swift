@@ -20,7 +20,7 @@ import Glibc
 ///    at a close: one PUT. One that replaces a stored version is checked first, as an owed upload
 ///    is, and goes to a conflict copy if another client changed the object meanwhile.
 /// 3. A rename of a queued file never stored moves the node and rewrites the note: no request;
-///    the queue stores it under its last name (`Filesystem+Namespace.renameFileHeld`). An unlink
+///    the queue stores it under its last name (`Filesystem+Rename.renameFileHeld`). An unlink
 ///    of one removes the note: no request either.
 /// 4. A flush while the queue's upload runs leaves newer bytes: `SpoolState.requeue` queues the
 ///    spool again once that upload ends.
