@@ -109,6 +109,24 @@ package final class BackgroundPool: Sendable {
     package func waitUntilIdle(timeout: Double = .infinity) -> Bool {
         state.withLock(when: { $0.running == 0 && $0.queue.isEmpty }, timeout: timeout) { _ in true } ?? false
     }
+
+    /// Starts `count` workers running `body` on the pool, each inside `group`; `unstarted`
+    /// takes back the count of one the pool refused (it is shutting down).
+    package func startWorkers(
+        _ count: Int, in group: DispatchGroup, _ body: @escaping @Sendable () -> Void, unstarted: () -> Void
+    ) {
+        for _ in 0..<count {
+            group.enter()
+            let started = submit {
+                body()
+                group.leave()
+            }
+            if !started {
+                unstarted()
+                group.leave()
+            }
+        }
+    }
 }
 
 /// Starts a detached thread running `body`.

@@ -171,14 +171,14 @@ public struct FilesystemConfiguration: Sendable {
     public var metadataIndex: MetadataIndex? = nil
     /// Listings of subdirectories fetched at once ahead of a walk (`list_ahead`; 0: none).
     public var listAhead: Int = 8
-    /// Listings ahead running or fetched and not used yet, at most (`Filesystem+ListAhead`).
+    /// Listings ahead running or fetched and not used yet, at most (`ListingsAhead`).
     public var listAheadWindow: Int = 256
-    /// A walk is evident (`Filesystem+WalkListing`) once this many subdirectories of one
+    /// A walk is evident (`WalkListing`) once this many subdirectories of one
     /// directory were read from listings ahead and at least `walkListingMinimum` more wait.
     public var walkListingAfter: Int = 3
     public var walkListingMinimum: Int = 16
     /// A walk listing runs in up to this many lanes at once, each over a share of the
-    /// subdirectories (`Filesystem+WalkListing`, subtlety 6).
+    /// subdirectories (`WalkListing`, subtlety 6).
     public var walkLanes: Int = 2
     /// At most this many nodes (names the kernel holds) and, apart, this many names in
     /// remembered listings (`meta_max_entries`; 0: no bound). See `Filesystem+Bound`.

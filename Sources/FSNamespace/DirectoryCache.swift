@@ -304,7 +304,7 @@ package struct DirectoryCache {
     }
 
     /// Counts every change made here and every failed one, in any directory: a listing fetched
-    /// ahead (`Filesystem+ListAhead`) is used only while it has not moved.
+    /// ahead (`ListingsAhead`) is used only while it has not moved.
     package private(set) var generation: UInt64 = 0
 
     /// A change we made to `name` in `directory` (nil entry: removed), at `now`.

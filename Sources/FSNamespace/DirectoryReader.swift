@@ -24,7 +24,7 @@ package final class DirectoryReader: Sendable {
         /// The server's delimiter listing, page by page.
         case store(any ObjectStore)
         /// One page holding the whole listing (made from a listing of a whole subtree,
-        /// `Filesystem+WalkListing`).
+        /// `WalkListing`).
         case page(ListPage)
     }
     private let pageSize: Int
@@ -101,7 +101,7 @@ package final class DirectoryReader: Sendable {
     }
 
     /// A reader of a whole listing given as one page, in the order a delimiter listing has
-    /// (`Filesystem+WalkListing`, `Filesystem+Poll`): read as a page from the server would be.
+    /// (`WalkListing`, `Filesystem+Poll`): read as a page from the server would be.
     package init(
         prefix: String, page: ListPage, hidden: String? = nil, removedHere: Set<ExactString> = [], startedAt: UInt64,
         askedAt: UInt64
@@ -132,7 +132,7 @@ package final class DirectoryReader: Sendable {
         isRemembered = true
     }
 
-    /// A reader of a listing fetched ahead (`Filesystem+ListAhead`): complete, but not
+    /// A reader of a listing fetched ahead (`ListingsAhead`): complete, but not
     /// remembered yet (readdir remembers it as it would its own). Names removed here lately that
     /// it still shows (it lags) are skipped, as `removedHere` does for a listing read now.
     package init(
@@ -154,6 +154,19 @@ package final class DirectoryReader: Sendable {
                 entries: lagging.isEmpty ? entries : entries.filter { !lagging.contains($0.name.exact) },
                 complete: true, stillListed: lagging))
         isRemembered = false
+    }
+
+    /// The whole listing, read through `resolver`; nil when it holds `limit` names or more
+    /// before it is complete.
+    package func readWhole(limit: Int, resolvingWith resolver: any ListingResolver) throws(FSError) -> PackedEntries? {
+        var index = 0
+        while true {
+            let (batch, complete) = try entries(from: index, resolvingWith: resolver)
+            index += batch.count
+            if complete { break }
+            if listedCount >= limit { return nil }
+        }
+        return completeEntries()
     }
 
     /// Entries from `index` on (fetching the next page when needed), and whether the listing is

@@ -221,7 +221,7 @@ package struct PackedEntries: Sendable, RandomAccessCollection {
         return result
     }
 
-    /// `Filesystem.needsMetadata` of the entry at `position`, without making a `DirectoryEntry`
+    /// `BackgroundHeads.needsMetadata` of the entry at `position`, without making a `DirectoryEntry`
     /// (this runs for every entry of every listing: making each one took a sixth of the daemon's
     /// time in a walk).
     package func needsMetadata(_ position: Int) -> Bool {

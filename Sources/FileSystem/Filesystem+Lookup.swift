@@ -259,18 +259,11 @@ extension Filesystem {
     /// Reads `reader`'s listing to its end: its entries, or nil once `limit` entries came with
     /// more to come (a full page of `limit` decides, not the page after it).
     func readWhole(_ reader: DirectoryReader, limit: Int) throws(FSError) -> PackedEntries? {
-        var index = 0
-        while true {
-            let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
-            index += batch.count
-            if complete { break }
-            if reader.listedCount >= limit { return nil }
-        }
-        return reader.completeEntries()
+        try reader.readWhole(limit: limit, resolvingWith: self)
     }
 
-    static let lookupListingWindow: Double = 30
-    static let lookupListingWait: DispatchTimeInterval = .seconds(2)
+    static let lookupListingWindow = ListingsAhead.lookupListingWindow
+    static let lookupListingWait = ListingsAhead.lookupListingWait
     static let lookupListingLimit = 100_000
     /// Changes made here are applied to the listings that follow for `dir_timeout`, but at least
     /// 2 s (container listings lag behind writes) and at most 30 (memory; DirectoryCache rule 2).

@@ -43,7 +43,7 @@ import ObjectStore
 ///    to notice, never wrong (the caches' times still apply).
 /// 7. Several directories in use are listed by one flat listing (no delimiter) of the prefix they
 ///    share, `a/` for `a/x/` and `a/y/`, when it is one page (`pollListingLimit` keys): each
-///    directory's listing is made from it as `Filesystem+WalkListing` makes them (subtlety 2
+///    directory's listing is made from it as `WalkListing` makes them (subtlety 2
 ///    there), the same as its own delimiter listing, and taken as in subtlety 2. A prefix found
 ///    larger (that tick is spent) is not tried again for `pollLargeAgainSeconds`: its directories
 ///    are grouped by the name below it that leads to them, each group so again, and the groups
@@ -227,7 +227,7 @@ extension Filesystem {
             poll.withLock { $0.tooLargeFlat[prefix.exact] = now() }
             return
         }
-        let (listings, tooLarge) = Self.directoryListings(ofFlat: page.entries, below: prefix)
+        let (listings, tooLarge) = ListingsAhead.directoryListings(ofFlat: page.entries, below: prefix)
         for (directory, (count, removed)) in zip(directories, starts) where !tooLarge.contains(directory.key.exact) {
             let reader = DirectoryReader(
                 prefix: directory.key, page: ListPage(entries: listings[directory.key.exact] ?? [], nextMarker: nil),

@@ -37,7 +37,10 @@ import Glibc
 //   5. `SpoolFile.descriptor` (Locked): the spool's descriptor and its users; taken inside 4
 //      (closing a waiting spool's descriptor) or alone (a read or write gets the descriptor; the
 //      I/O itself runs outside the lock).
-//   6. `prefetch` (Locked): the background HEAD table. Never taken together with `state`.
+//   6. `backgroundHeads.heads` (Locked, FSNamespace's `BackgroundHeads`): the background HEAD table. Never taken together with `state`.
+//   6b. `listingsAhead.ahead` (Locked, FSNamespace's `ListingsAhead`): listings ahead and walk
+//      listings; a walk listing's `scan` is taken inside it, or alone. Never taken together with
+//      `state` or `prefetch` (what it needs of them, `ListingsAheadHost`, is asked outside it).
 //   7. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
 //      and its blocks, `EarlyParts.state`, `KernelCache`, the block cache's own.
 // No lock of this module is held while calling into the FUSE layer.
@@ -61,7 +64,7 @@ import Glibc
 /// 5. A file with a spool is described by its spool (size, attributes not stored yet): listings
 ///    and HEADs never overwrite it. Every handle of one file reads what was written through this
 ///    mount (see `read`). Locks: the LOCKING block above.
-public final class Filesystem: Sendable, ListingResolver {
+public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost {
     public static let rootInode: InodeNumber = 1
     /// The longest object key the store takes (Swift's default `max_object_name_length`).
     public static let maximumKeyLength = 1024
@@ -70,7 +73,7 @@ public final class Filesystem: Sendable, ListingResolver {
 
     /// The store as this mount sees it: the container, less the keys whose delete is owed
     /// (`JournaledStore`).
-    let store: any ObjectStore
+    package let store: any ObjectStore
     /// The same without `recovered`: what recovery itself writes through (`RecoveredWork`).
     let recoveryStore: any ObjectStore
     /// Uploads and attribute changes earlier processes left journaled in the spool directory.
@@ -136,19 +139,18 @@ public final class Filesystem: Sendable, ListingResolver {
     package let pool: BackgroundPool
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
-    /// Background HEADs after listings (Filesystem+Prefetch), and the workers running them (lock 6).
-    let prefetch = Locked(PrefetchState())
-    let prefetching = DispatchGroup()
-    /// Listings of subdirectories fetched ahead of a walk (`Filesystem+ListAhead`), and the
-    /// workers fetching them.
-    let listingsAhead = Locked(AheadState())
-    let listingAhead = DispatchGroup()
+    /// Background HEADs after listings (the namespace room's `BackgroundHeads`; this filesystem
+    /// is its host, `Filesystem+Prefetch`), lock 6.
+    let backgroundHeads = BackgroundHeads()
+    /// Listings of subdirectories fetched ahead of a walk, and walk listings (the namespace
+    /// room's `ListingsAhead`; this filesystem is its host, `Filesystem+ListingsAhead`).
+    let listingsAhead = ListingsAhead()
     /// Object versions being pulled whole by random readers (`FileReader`, subtlety 7).
     let pulls = PullRegistry()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 1).
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
     /// Orders answers of the store against this mount's acknowledged changes (the attribute rule).
-    let storeClock = StoreClock()
+    package let storeClock = StoreClock()
     /// Change notification (`Filesystem+Poll`).
     let poll = Locked(PollState())
 
@@ -216,7 +218,7 @@ public final class Filesystem: Sendable, ListingResolver {
         registry.gauge(
             "cssp_names_listed_ahead", help: "Names in the listings fetched ahead of the readers and not read yet.")
         {
-            Double(listingsAhead.withLock { $0.heldEntries })
+            Double(listingsAhead.ahead.withLock { $0.heldEntries })
         }
         registry.gauge("cssp_uploads_in_progress", help: "Uploads being sent now.") { Double(transfers.running.count) }
         registry.gauge("cssp_upload_bytes_done", help: "Bytes sent of the uploads in progress.") {
@@ -235,7 +237,7 @@ public final class Filesystem: Sendable, ListingResolver {
     }
 
     /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
-    func now() -> Double { configuration.clock?() ?? monotonicNow() }
+    package func now() -> Double { configuration.clock?() ?? monotonicNow() }
 
 
     // MARK: Attributes
@@ -331,7 +333,7 @@ public final class Filesystem: Sendable, ListingResolver {
     public func shutdown(deadline: Double = 30) -> Bool {
         recovered.stop()
         stopPrefetching()
-        stopListingAhead()
+        listingsAhead.stop()
         let ended = pool.shutdown(deadline: deadline)
         configuration.metadataIndex?.flush()
         // Written and synced: a cache a power cut could have torn is not trusted (BlockCache).

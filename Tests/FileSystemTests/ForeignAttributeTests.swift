@@ -195,7 +195,7 @@ struct ForeignAttributeTests {
         fs.waitForPrefetch()
         let inA = headed.withLock { $0 }.filter { $0.hasPrefix("a/f") }
         // f000 by the program, at most one per worker that had started; not the window's 64.
-        #expect(inA.count <= 1 + Filesystem.prefetchConcurrency, "\(inA.count) HEADs in a/")
+        #expect(inA.count <= 1 + BackgroundHeads.prefetchConcurrency, "\(inA.count) HEADs in a/")
     }
 
     @Test func theIndexSparesTheNextMountItsHeads() throws {
@@ -289,7 +289,7 @@ struct ForeignAttributeTests {
         #expect(try fs.getattr(f.inode).modified == later)
         // readdirplus of the remembered listing finds the old version's answer in the index
         // only (not in memory): it is as old as that listing, and must not bring it back.
-        fs.prefetch.withLock { $0.foreignAnswers = [:] }
+        fs.backgroundHeads.heads.withLock { $0.foreignAnswers = [:] }
         _ = try plus(fs, d)
         let now = try fs.getattr(f.inode)
         #expect(now.modified == later && now.size == 15)

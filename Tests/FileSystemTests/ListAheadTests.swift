@@ -14,7 +14,7 @@ import Testing
 @testable import FSNamespace
 @testable import FileSystem
 
-/// Listings of subdirectories fetched ahead of a walk (`Filesystem+ListAhead`).
+/// Listings of subdirectories fetched ahead of a walk (`ListingsAhead`).
 struct ListAheadTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
@@ -66,7 +66,7 @@ struct ListAheadTests {
     /// pages, the readdir then waited for it and listed from the start).
     @Test func aLargeSubdirectoryIsLeftToItsReaddirAfterOnePage() throws {
         let fake = FakeObjectStore()
-        for i in 0..<(Filesystem.listAheadEntryLimit + 50) { fake.seed("big/f\(100_000 + i)", text: "") }
+        for i in 0..<(ListingsAhead.listAheadEntryLimit + 50) { fake.seed("big/f\(100_000 + i)", text: "") }
         fake.seed("small/a", text: "a")
         let listings = Listings()
         let fs = makeFilesystem(listings.store(fake))
@@ -77,7 +77,7 @@ struct ListAheadTests {
         #expect(listings.count("big/") == 1, "big/ listed ahead: \(listings.count("big/")) pages")
         #expect(listings.count("small/") == 1)
         let big = try fs.lookup(parent: root, name: "big")
-        #expect(try fs.names(in: big.inode).count == Filesystem.listAheadEntryLimit + 50)
+        #expect(try fs.names(in: big.inode).count == ListingsAhead.listAheadEntryLimit + 50)
     }
 
     /// find: readdir of the root, then of each directory in it: each subdirectory is listed

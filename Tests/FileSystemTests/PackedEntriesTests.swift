@@ -61,7 +61,7 @@ struct PackedEntriesTests {
             }
         }
         let needing = packed.indices.filter(packed.needsMetadata)
-        #expect(needing == entries.indices.filter { Filesystem.needsMetadata(entries[$0]) })
+        #expect(needing == entries.indices.filter { BackgroundHeads.needsMetadata(entries[$0]) })
         #expect(!needing.isEmpty && needing.count < entries.count)
     }
 

@@ -240,10 +240,10 @@ struct PrefetchTests {
 
     /// The job `prefetchMetadata` queues for `name` in `parent` as it is now, and the HEAD's answer.
     func headOf(_ fs: Filesystem, _ store: FakeObjectStore, _ name: String, in parent: InodeNumber, entry: DirectoryEntry)
-        throws -> (Filesystem.PrefetchJob, HeadAnswer)
+        throws -> (PrefetchJob, HeadAnswer)
     {
         let node = fs.state.withLock { $0.inodes.child(parent, name) }
-        let job = Filesystem.PrefetchJob(parent: parent, entry: entry, inode: node?.inode)
+        let job = PrefetchJob(parent: parent, entry: entry, inode: node?.inode)
         let askedAt = fs.storeClock.tick()
         return (job, HeadAnswer(info: try store.head(key: entry.key), askedAt: askedAt))
     }

@@ -11,7 +11,7 @@ import Testing
 @testable import FSNamespace
 @testable import FileSystem
 
-/// One flat listing of a subtree once a walk is evident (`Filesystem+WalkListing`).
+/// One flat listing of a subtree once a walk is evident (`WalkListing`, FSNamespace).
 struct WalkListingTests {
     let caller = Caller(uid: 1000, gid: 100)
     let root = Filesystem.rootInode
@@ -214,10 +214,10 @@ extension WalkListingTests {
             _ = try? fs.lookup(parent: directory, name: "a")
             clock.advance(0.1)
         }
-        let window = fs.listingsAhead.withLock {
-            $0.window(minimum: Filesystem.listAheadMinimumWindow, limit: FilesystemConfiguration().listAheadWindow, now: clock.now)
+        let window = fs.listingsAhead.ahead.withLock {
+            $0.window(minimum: ListingsAhead.listAheadMinimumWindow, limit: FilesystemConfiguration().listAheadWindow, now: clock.now)
         }
-        #expect(fs.listingsAhead.withLock { $0.expiredAt } > 0, "no listing expired: the walk was not slower")
+        #expect(fs.listingsAhead.ahead.withLock { $0.expiredAt } > 0, "no listing expired: the walk was not slower")
         #expect(window >= 20, "window \(window)")
     }
 

@@ -1,15 +1,13 @@
 import Dispatch
 import FSCore
-import FSFiles
-import FSJournal
-import FSNamespace
 import Locking
+import Logging
 import ObjectStore
 
 /// One listing of a whole subtree instead of one listing per directory (issue 21): when a walk
 /// is evident, the rest of the subtree is listed flat (no delimiter, 10 000 keys a page),
 /// and every directory in it that the pages cover whole becomes a listing fetched ahead
-/// (`Filesystem+ListAhead`), as if it had been listed by itself. A tree of 1 000 directories of
+/// (`ListingsAhead`), as if it had been listed by itself. A tree of 1 000 directories of
 /// 100 files costs 10 requests instead of 1 000.
 ///
 /// Subtleties:
@@ -49,94 +47,93 @@ import ObjectStore
 ///    fetch the last directories so early that rsync, which looks them up twice (every
 ///    directory of a level first, then their names), found them past `dir_timeout`.
 /// 7. Directories whose listings (a walk listing's too) expired unused are queued again one by
-///    one (`Filesystem+ListAhead`, subtlety 6) and never handed to another walk listing: the
+///    one (`ListingsAhead`, subtlety 6) and never handed to another walk listing: the
 ///    walk is slower than its listings there, and a second flat listing of the rest of the
 ///    subtree expired in turn (`du` of 100 000 indexed objects: 10 s instead of 5 in two runs
 ///    of five, with 20 flat pages instead of 10).
-extension Filesystem {
-    static let walkAheadEntries = 200_000
+package final class WalkListing: Sendable {
+    package let prefix: String
+    /// Keys after this one.
+    package let startMarker: String
+    /// Keys before this one (nil: to the end of the prefix): the lane's end (subtlety 6).
+    package let endMarker: String?
 
-    /// One flat listing of a subtree under way (subtlety 1).
-    final class WalkListing: Sendable {
-        let prefix: String
-        /// Keys after this one.
-        let startMarker: String
-        /// Keys before this one (nil: to the end of the prefix): the lane's end (subtlety 6).
-        let endMarker: String?
+    package struct OpenDirectory {
+        package var prefix: String
+        package var entries: [ListEntry] = []
+        package var tooLarge = false
+        package var askedAt: UInt64
+        package var startedAt: Double
+        package var generation: UInt64
+    }
 
-        struct OpenDirectory {
-            var prefix: String
-            var entries: [ListEntry] = []
-            var tooLarge = false
-            var askedAt: UInt64
-            var startedAt: Double
-            var generation: UInt64
-        }
+    package struct Scan {
+        package var marker: String
+        /// Directories with keys seen and maybe more to come, outermost first.
+        package var open: [OpenDirectory] = []
+        /// The last key seen: directories before it are made (or were not wanted).
+        package var position: String
+        /// The last key of the last page whose directories are made and markers recorded.
+        package var reached: String
+        /// Directories opened by a key other than their own marker: they have none
+        /// (subtlety 5).
+        package var unmarked: [String] = []
+        package var done = false
+        package var running = false
+        /// The page being fetched (and its directories made), for readdirs that wait for it.
+        package var page: DispatchGroup? = nil
+        /// Directories the page in hand completed, being made into listings.
+        package var placing: [String] = []
+    }
 
-        struct Scan {
-            var marker: String
-            /// Directories with keys seen and maybe more to come, outermost first.
-            var open: [OpenDirectory] = []
-            /// The last key seen: directories before it are made (or were not wanted).
-            var position: String
-            /// The last key of the last page whose directories are made and markers recorded.
-            var reached: String
-            /// Directories opened by a key other than their own marker: they have none
-            /// (subtlety 5).
-            var unmarked: [String] = []
-            var done = false
-            var running = false
-            /// The page being fetched (and its directories made), for readdirs that wait for it.
-            var page: DispatchGroup? = nil
-            /// Directories the page in hand completed, being made into listings.
-            var placing: [String] = []
-        }
+    package let scan: Locked<Scan>
 
-        let scan: Locked<Scan>
+    package init(prefix: String, after marker: String, before end: String? = nil) {
+        self.prefix = prefix
+        startMarker = marker
+        endMarker = end
+        scan = Locked(Scan(marker: marker, position: marker, reached: marker))
+    }
 
-        init(prefix: String, after marker: String, before end: String? = nil) {
-            self.prefix = prefix
-            startMarker = marker
-            endMarker = end
-            scan = Locked(Scan(marker: marker, position: marker, reached: marker))
-        }
+    /// Whether the keys of the directory at `key` are in this lane's range (a directory's
+    /// keys are never split between lanes: subtlety 6).
+    package func holds(_ key: String) -> Bool {
+        key.utf8.starts(with: prefix.utf8) && startMarker.utf8.lexicographicallyPrecedes(key.utf8)
+            && (endMarker.map { key.utf8.lexicographicallyPrecedes($0.utf8) } ?? true)
+    }
 
-        /// Whether the keys of the directory at `key` are in this lane's range (a directory's
-        /// keys are never split between lanes: subtlety 6).
-        func holds(_ key: String) -> Bool {
-            key.utf8.starts(with: prefix.utf8) && startMarker.utf8.lexicographicallyPrecedes(key.utf8)
-                && (endMarker.map { key.utf8.lexicographicallyPrecedes($0.utf8) } ?? true)
-        }
-
-        /// Whether a walk listing under way will show whether the directory at `key` has a
-        /// marker; if so, the page to wait for (one whose keys may reach it, or the one being
-        /// placed). Subtlety 5.
-        func willReach(_ key: String) -> DispatchGroup? {
-            scan.withLock { s in
-                guard !s.done, let page = s.page, holds(key), s.reached.utf8.lexicographicallyPrecedes(key.utf8) else { return nil }
-                return page
-            }
-        }
-
-        /// The page a readdir of the directory at `key` may wait for: one that may reach it
-        /// (not yet seen), the one whose directories are being made, or the next when it is the
-        /// innermost directory still open (the last of a page: the next one ends it). Not an
-        /// ancestor open since an earlier page: it is made only once its whole subtree is
-        /// listed, which a depth-first walk reads after it.
-        func willCover(_ key: String) -> DispatchGroup? {
-            scan.withLock { s in
-                guard !s.done, let page = s.page, holds(key), !startMarker.utf8.starts(with: key.utf8),
-                    s.position.utf8.lexicographicallyPrecedes(key.utf8)
-                        || s.placing.contains(where: { $0.utf8.elementsEqual(key.utf8) })
-                        || s.open.last.map({ $0.prefix.utf8.elementsEqual(key.utf8) }) ?? false
-                else { return nil }
-                return page
-            }
+    /// Whether a walk listing under way will show whether the directory at `key` has a
+    /// marker; if so, the page to wait for (one whose keys may reach it, or the one being
+    /// placed). Subtlety 5.
+    package func willReach(_ key: String) -> DispatchGroup? {
+        scan.withLock { s in
+            guard !s.done, let page = s.page, holds(key), s.reached.utf8.lexicographicallyPrecedes(key.utf8) else { return nil }
+            return page
         }
     }
 
+    /// The page a readdir of the directory at `key` may wait for: one that may reach it
+    /// (not yet seen), the one whose directories are being made, or the next when it is the
+    /// innermost directory still open (the last of a page: the next one ends it). Not an
+    /// ancestor open since an earlier page: it is made only once its whole subtree is
+    /// listed, which a depth-first walk reads after it.
+    package func willCover(_ key: String) -> DispatchGroup? {
+        scan.withLock { s in
+            guard !s.done, let page = s.page, holds(key), !startMarker.utf8.starts(with: key.utf8),
+                s.position.utf8.lexicographicallyPrecedes(key.utf8)
+                    || s.placing.contains(where: { $0.utf8.elementsEqual(key.utf8) })
+                    || s.open.last.map({ $0.prefix.utf8.elementsEqual(key.utf8) }) ?? false
+            else { return nil }
+            return page
+        }
+    }
+}
+
+extension ListingsAhead {
+    package static let walkAheadEntries = 200_000
+
     /// The parent directory's key of a directory's key (`a/b/` → `a/`).
-    static func parentKey(of key: String) -> String {
+    package static func parentKey(of key: String) -> String {
         var bytes = Array(key.utf8.dropLast())
         while let last = bytes.last, last != UInt8(ascii: "/") { bytes.removeLast() }
         return String(decoding: bytes, as: UTF8.self)
@@ -144,26 +141,26 @@ extension Filesystem {
 
     /// Counts a listing ahead that a readdir of `key` used; starts a walk listing of its parent
     /// when the walk is evident (subtlety 1). Under the list-ahead lock; returns the walk to run.
-    func noteListingUsed(_ key: String, in a: inout AheadState) -> [WalkListing] {
-        noteWalkStep(key, in: &a, after: key)
+    package func noteListingUsed(_ key: String, in a: inout AheadState, _ host: any ListingsAheadHost) -> [WalkListing] {
+        noteWalkStep(key, in: &a, after: key, host)
     }
 
     /// Counts a lookup of the subdirectory at `key` that has to wait for its marker: rsync looks
     /// up every subdirectory of a level before it goes into any (subtlety 5). The walk listing
     /// it may start begins at that subdirectory's marker. Under the list-ahead lock.
-    func noteSubdirectoryLookup(_ key: String, in a: inout AheadState) -> [WalkListing] {
-        noteWalkStep(key, in: &a, after: String(key.dropLast()))
+    package func noteSubdirectoryLookup(_ key: String, in a: inout AheadState, _ host: any ListingsAheadHost) -> [WalkListing] {
+        noteWalkStep(key, in: &a, after: String(key.dropLast()), host)
     }
 
     /// A step of a walk through the subdirectory at `key` (subtlety 1); starts the walk listing
     /// of its parent after `marker` when the walk is evident.
-    private func noteWalkStep(_ key: String, in a: inout AheadState, after marker: String) -> [WalkListing] {
+    private func noteWalkStep(_ key: String, in a: inout AheadState, after marker: String, _ host: any ListingsAheadHost) -> [WalkListing] {
         let parent = Self.parentKey(of: key)
         // One at a time; a paused one (its walk went elsewhere) may be replaced.
         guard !parent.isEmpty, a.walks.allSatisfy({ $0.scan.withLock { $0.done || !$0.running } }) else { return [] }
         if a.hits.count > 1_000 { a.hits = [:] }
         a.hits[parent.exact, default: 0] += 1
-        guard a.hits[parent.exact]! >= configuration.walkListingAfter,
+        guard a.hits[parent.exact]! >= host.configuration.walkListingAfter,
             // (Not the directories queued again after their listings expired unused, subtlety 7:
             // the walk is slower than its listings there.)
             let index = a.batches.lastIndex(where: { batch in
@@ -182,7 +179,7 @@ extension Filesystem {
             guard case .queued? = a.slots[directory.key.exact] else { return false }
             return !directory.key.utf8.lexicographicallyPrecedes(key.utf8)
         }
-        guard handed.count >= configuration.walkListingMinimum else { return [] }
+        guard handed.count >= host.configuration.walkListingMinimum else { return [] }
         var batch = a.batches.remove(at: index)
         for directory in handed { a.clear(directory.key.exact) }
         a.waiting -= waiting.count - before.count
@@ -195,55 +192,55 @@ extension Filesystem {
         // least `walkListingMinimum`; each lane after the first starts at its first directory's
         // marker (the key without its slash) and ends where the next starts.
         let directories = handed.map(\.key).sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
-        let lanes = max(1, min(configuration.walkLanes, directories.count / max(1, configuration.walkListingMinimum)))
+        let lanes = max(1, min(host.configuration.walkLanes, directories.count / max(1, host.configuration.walkListingMinimum)))
         let starts = [marker] + (1..<lanes).map { String(directories[$0 * directories.count / lanes].dropLast()) }
         a.walks = starts.indices.map { i in
             let lane = WalkListing(prefix: parent, after: starts[i], before: i + 1 < starts.count ? starts[i + 1] : nil)
             lane.scan.withLock { $0.running = true; $0.page = DispatchGroup(); $0.page!.enter() }
             return lane
         }
-        logger.debug("listing '\(parent)' whole after '\(marker)' in \(lanes) lane(s): a walk goes through it")
+        host.logger.debug("listing '\(parent)' whole after '\(marker)' in \(lanes) lane(s): a walk goes through it")
         return a.walks
     }
 
     /// For a lookup of the subdirectory `entry` whose marker is not known: counts the step
     /// (`noteSubdirectoryLookup`), then waits for a walk listing that will show the marker, one
     /// page at most. Its answer is then recorded for `prefetchedMetadata`.
-    func awaitMarkerFromWalk(_ entry: DirectoryEntry) {
-        guard configuration.listAhead > 0, configuration.directoryCacheSeconds > 0 else { return }
-        let (started, page): ([WalkListing], DispatchGroup?) = listingsAhead.withLock { a in
+    package func awaitMarkerFromWalk(_ entry: DirectoryEntry, _ host: any ListingsAheadHost) {
+        guard host.configuration.listAhead > 0, host.configuration.directoryCacheSeconds > 0 else { return }
+        let (started, page): ([WalkListing], DispatchGroup?) = ahead.withLock { a in
             guard !a.stopped else { return ([], nil) }
-            let started = noteSubdirectoryLookup(entry.key, in: &a)
+            let started = noteSubdirectoryLookup(entry.key, in: &a, host)
             return (started, a.walks.lazy.compactMap { $0.willReach(entry.key) }.first)
         }
-        startWalkListing(started)
+        startWalkListing(started, host)
         _ = page?.wait(timeout: .now() + Self.lookupListingWait)
     }
 
     /// Runs the `lanes` of a walk listing on the pool (each one's first page's group is entered
     /// already). A new walk's lanes drop the queued background HEADs of the markers they will
     /// show (subtlety 5): those HEADs would only race them.
-    func startWalkListing(_ lanes: [WalkListing], new: Bool = true) {
+    package func startWalkListing(_ lanes: [WalkListing], new: Bool = true, _ host: any ListingsAheadHost) {
         guard !lanes.isEmpty else { return }
-        if new { forgetQueuedMarkerHeads(coveredBy: lanes) }
-        for lane in lanes { startWalkListing(lane) }
+        if new { host.forgetQueuedMarkerHeads(coveredBy: lanes) }
+        for lane in lanes { startWalkListing(lane, host) }
     }
 
-    private func startWalkListing(_ walk: WalkListing) {
-        listingAhead.enter()
-        let started = pool.submit { [self] in
-            runWalkListing(walk)
-            listingAhead.leave()
+    private func startWalkListing(_ walk: WalkListing, _ host: any ListingsAheadHost) {
+        running.enter()
+        let started = host.pool.submit { [self] in
+            runWalkListing(walk, host)
+            running.leave()
         }
         if !started {
             endWalkListing(walk)
-            listingAhead.leave()
+            running.leave()
         }
     }
 
     /// Records that the directories the last page opened without their own marker have none
     /// (subtlety 5): the answer a HEAD of each marker would give, asked when the page was.
-    private func recordNoMarkers(of walk: WalkListing, askedAt: UInt64) {
+    private func recordNoMarkers(of walk: WalkListing, askedAt: UInt64, _ host: any ListingsAheadHost) {
         let unmarked: [String] = walk.scan.withLock { s in
             defer { s.unmarked = [] }
             // (Not one the start marker cut: its marker, if any, was before the first key.)
@@ -251,7 +248,7 @@ extension Filesystem {
         }
         for key in unmarked {
             let name = String(key.dropLast().split(separator: "/", omittingEmptySubsequences: false).last ?? "")
-            recordPrefetched(DirectoryBuilder.directory(name, key: key), answer: .some(nil), askedAt: askedAt)
+            host.recordNoMarker(DirectoryBuilder.directory(name, key: key), askedAt: askedAt)
         }
     }
 
@@ -267,29 +264,29 @@ extension Filesystem {
 
     /// A page of a walk listing and when it was asked for (nil page: the request failed).
     private struct WalkPage {
-        var page: ListPage?
-        var generation: UInt64
-        var askedAt: UInt64
-        var startedAt: Double
+        package var page: ListPage?
+        package var generation: UInt64
+        package var askedAt: UInt64
+        package var startedAt: Double
     }
 
-    private func fetchWalkPage(_ walk: WalkListing, after marker: String) -> WalkPage {
-        let generation = state.withLock { $0.directories.generation }
-        let askedAt = storeClock.tick()
-        let startedAt = now()
+    private func fetchWalkPage(_ walk: WalkListing, after marker: String, _ host: any ListingsAheadHost) -> WalkPage {
+        let generation = host.namespaceGeneration().generation
+        let askedAt = host.storeClock.tick()
+        let startedAt = host.now()
         do {
-            let page = try store.list(
-                prefix: walk.prefix, delimiter: nil, marker: marker, endMarker: walk.endMarker, limit: configuration.listPageSize)
+            let page = try host.store.list(
+                prefix: walk.prefix, delimiter: nil, marker: marker, endMarker: walk.endMarker, limit: host.configuration.listPageSize)
             return WalkPage(page: page, generation: generation, askedAt: askedAt, startedAt: startedAt)
         } catch {
-            logger.debug("listing '\(walk.prefix)' whole failed: \(error)")
+            host.logger.debug("listing '\(walk.prefix)' whole failed: \(error)")
             return WalkPage(page: nil, generation: generation, askedAt: askedAt, startedAt: startedAt)
         }
     }
 
     /// `fetchWalkPage` on the pool; the returned function waits for it, or fetches the page
     /// itself if the pool has not started it (a busy pool, or one shutting down).
-    private func fetchWalkPageAhead(_ walk: WalkListing, after marker: String) -> () -> WalkPage {
+    private func fetchWalkPageAhead(_ walk: WalkListing, after marker: String, _ host: any ListingsAheadHost) -> () -> WalkPage {
         enum Job {
             case waiting
             case running(DispatchGroup)
@@ -297,7 +294,7 @@ extension Filesystem {
             case taken
         }
         let job = Locked(Job.waiting)
-        _ = pool.submit { [self] in
+        _ = host.pool.submit { [self] in
             let group = DispatchGroup()
             group.enter()
             let mine: Bool = job.withLock { j in
@@ -306,7 +303,7 @@ extension Filesystem {
                 return true
             }
             guard mine else { return group.leave() }
-            let page = fetchWalkPage(walk, after: marker)
+            let page = fetchWalkPage(walk, after: marker, host)
             job.withLock { $0 = .done(page) }
             group.leave()
         }
@@ -316,22 +313,22 @@ extension Filesystem {
                 return j
             }
             switch state {
-            case .waiting, .taken: return fetchWalkPage(walk, after: marker)
+            case .waiting, .taken: return fetchWalkPage(walk, after: marker, host)
             case .done(let page): return page
             case .running(let group):
                 group.wait()
-                guard case .done(let page) = job.withLock({ $0 }) else { return fetchWalkPage(walk, after: marker) }
+                guard case .done(let page) = job.withLock({ $0 }) else { return fetchWalkPage(walk, after: marker, host) }
                 return page
             }
         }
     }
 
-    private func runWalkListing(_ walk: WalkListing) {
+    private func runWalkListing(_ walk: WalkListing, _ host: any ListingsAheadHost) {
         // The next page, asked for while this one is placed and read: the server lists and the
         // daemon reads at once.
         var asked: (() -> WalkPage)? = nil
         while true {
-            let go: Bool = listingsAhead.withLock { a in
+            let go: Bool = ahead.withLock { a in
                 guard !a.stopped, a.walks.contains(where: { $0 === walk }) else { return false }
                 return true
             }
@@ -339,12 +336,12 @@ extension Filesystem {
                 _ = asked?()
                 return endWalkListing(walk)
             }
-            let fetched = asked?() ?? fetchWalkPage(walk, after: walk.scan.withLock { $0.marker })
+            let fetched = asked?() ?? fetchWalkPage(walk, after: walk.scan.withLock { $0.marker }, host)
             asked = nil
             guard let page = fetched.page else { return endWalkListing(walk) }
             let (generation, askedAt, startedAt) = (fetched.generation, fetched.askedAt, fetched.startedAt)
-            if let next = page.nextMarker, !page.entries.isEmpty, listingsAhead.withLock({ canWalkOn($0) }) {
-                asked = fetchWalkPageAhead(walk, after: next)
+            if let next = page.nextMarker, !page.entries.isEmpty, ahead.withLock({ canWalkOn($0, host) }) {
+                asked = fetchWalkPageAhead(walk, after: next, host)
             }
             var complete: [WalkListing.OpenDirectory] = []
             walk.scan.withLock { s in
@@ -362,16 +359,16 @@ extension Filesystem {
                 }
                 s.placing = complete.map(\.prefix)
             }
-            recordNoMarkers(of: walk, askedAt: askedAt)
+            recordNoMarkers(of: walk, askedAt: askedAt, host)
             let made = complete.compactMap { directory in
-                directory.tooLarge || walk.startMarker.utf8.starts(with: directory.prefix.utf8) ? nil : listing(of: directory)
+                directory.tooLarge || walk.startMarker.utf8.starts(with: directory.prefix.utf8) ? nil : listing(of: directory, host)
             }
             let more = page.nextMarker != nil && !page.entries.isEmpty
-            let now = self.now()
-            let paused: Bool = listingsAhead.withLock { a in
-                a.expire(now: now, maximumAge: configuration.directoryCacheSeconds)
+            let now = host.now()
+            let paused: Bool = ahead.withLock { a in
+                a.expire(now: now, maximumAge: host.configuration.directoryCacheSeconds)
                 // (One older than dir_timeout is no use: it spent a pause open.)
-                for (key, listing) in made where now - listing.startedAt <= configuration.directoryCacheSeconds {
+                for (key, listing) in made where now - listing.startedAt <= host.configuration.directoryCacheSeconds {
                     switch a.slots[key.exact] {
                     case nil, .queued?:
                         a.keep(key.exact, listing)
@@ -379,7 +376,7 @@ extension Filesystem {
                     case .running?, .done?: break
                     }
                 }
-                return !canWalkOn(a)
+                return !canWalkOn(a, host)
             }
             // The page is in: readdirs waiting for it look again (and wait for the next one).
             let finished: DispatchGroup? = walk.scan.withLock { s in
@@ -408,15 +405,15 @@ extension Filesystem {
     /// Whether the walk listing may fetch its next page: its directories waiting unused hold
     /// fewer than `walkAheadEntries` entries (it runs ahead of the directories listed one by
     /// one, which fill the window before it starts), and at most 16 windows of directories.
-    func canWalkOn(_ a: AheadState) -> Bool {
-        a.heldEntries < Self.walkAheadEntries && a.held < 16 * configuration.listAheadWindow
+    package func canWalkOn(_ a: AheadState, _ host: any ListingsAheadHost) -> Bool {
+        a.heldEntries < Self.walkAheadEntries && a.held < 16 * host.configuration.listAheadWindow
     }
 
     /// The lanes of the walk listing to start again: those that paused, if the window has room
     /// (under the list-ahead lock).
-    func resumableWalk(_ a: inout AheadState) -> [WalkListing] {
-        a.expire(now: now(), maximumAge: configuration.directoryCacheSeconds)
-        guard !a.stopped, canWalkOn(a) else { return [] }
+    package func resumableWalk(_ a: inout AheadState, _ host: any ListingsAheadHost) -> [WalkListing] {
+        a.expire(now: host.now(), maximumAge: host.configuration.directoryCacheSeconds)
+        guard !a.stopped, canWalkOn(a, host) else { return [] }
         return a.walks.filter { lane in
             lane.scan.withLock { s in
                 guard !s.done, !s.running else { return false }
@@ -432,7 +429,7 @@ extension Filesystem {
     /// (`Filesystem+Poll`): as its own delimiter listing would show it (subtlety 2), by the
     /// directory's key; one with no keys is absent (its listing is empty). `tooLarge`: those of
     /// more than `listAheadEntryLimit` entries, which are not made.
-    static func directoryListings(
+    package static func directoryListings(
         ofFlat entries: [ListEntry], below base: String
     ) -> (listings: [ExactString: [ListEntry]], tooLarge: Set<ExactString>) {
         let make = { (prefix: String) in WalkListing.OpenDirectory(prefix: prefix, askedAt: 0, startedAt: 0, generation: 0) }
@@ -497,25 +494,25 @@ extension Filesystem {
     }
 
     /// A directory's listing made from its keys (subtlety 2); nil if reading it fails.
-    private func listing(of directory: WalkListing.OpenDirectory) -> (String, AheadListing)? {
+    private func listing(of directory: WalkListing.OpenDirectory, _ host: any ListingsAheadHost) -> (String, AheadListing)? {
         let reader = DirectoryReader(
             prefix: directory.prefix, page: ListPage(entries: directory.entries, nextMarker: nil), startedAt: 0,
             askedAt: directory.askedAt)
         do {
             var index = 0
             while true {
-                let (batch, complete) = try reader.entries(from: index, resolvingWith: self)
+                let (batch, complete) = try reader.entries(from: index, resolvingWith: host)
                 index += batch.count
                 if complete { break }
             }
         } catch {
-            logger.debug("a directory of a walk listing failed: \(error.message)")
+            host.logger.debug("a directory of a walk listing failed: \(error.message)")
             return nil
         }
         guard let entries = reader.completeEntries() else { return nil }
-        if !reader.sawMarker && now() - directory.startedAt <= configuration.directoryCacheSeconds {
+        if !reader.sawMarker && host.now() - directory.startedAt <= host.configuration.directoryCacheSeconds {
             let name = String(directory.prefix.dropLast().split(separator: "/", omittingEmptySubsequences: false).last ?? "")
-            recordPrefetched(DirectoryBuilder.directory(name, key: directory.prefix), answer: .some(nil), askedAt: directory.askedAt)
+            host.recordNoMarker(DirectoryBuilder.directory(name, key: directory.prefix), askedAt: directory.askedAt)
         }
         return (
             directory.prefix,

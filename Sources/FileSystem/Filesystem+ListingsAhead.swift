@@ -1,0 +1,57 @@
+import FSCore
+import FSFiles
+import FSJournal
+import FSNamespace
+import ObjectStore
+
+// The filesystem as the host of the namespace room's listings ahead and walk listings
+// (`ListingsAhead`, `WalkListing` in FSNamespace): what they read of the tables under `state`,
+// and the background HEADs of directory markers. The calls the rest of the facade makes pass
+// `self` as the host.
+extension Filesystem {
+    package func withoutFreshListings(_ directories: [DirectoryEntry], in parent: InodeNumber, now: Double)
+        -> [DirectoryEntry]
+    {
+        state.withLock { s in
+            directories.filter { directory in
+                guard let node = s.inodes.child(parent, directory.name), node.kind == .directory else { return true }
+                return s.directories.listing(node.inode, now: now, maximumAge: configuration.directoryCacheSeconds) == nil
+            }
+        }
+    }
+
+    package func namespaceGeneration() -> (generation: UInt64, now: Double) {
+        state.withLock { s in (s.directories.generation, now()) }
+    }
+
+    package func reader(over listing: AheadListing, of directory: Node) -> DirectoryReader? {
+        state.withLock { s in
+            guard listing.generation == s.directories.generation,
+                now() - listing.startedAt <= configuration.directoryCacheSeconds
+            else { return nil }
+            return DirectoryReader(
+                prefix: directory.key, fetched: listing.entries,
+                removedHere: s.directories.removedHere(directory.inode, now: now()),
+                startedAt: s.directories.changeCount(directory.inode), askedAt: listing.askedAt)
+        }
+    }
+
+    package func recordNoMarker(_ directory: DirectoryEntry, askedAt: UInt64) {
+        recordPrefetched(directory, answer: .some(nil), askedAt: askedAt)
+    }
+
+    func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
+        listingsAhead.listAhead(subdirectoriesOf: entries, in: parent, self)
+    }
+
+    func readerFromListingAhead(_ directory: Node, dropQueued: Bool = true) -> DirectoryReader? {
+        listingsAhead.readerFromListingAhead(directory, dropQueued: dropQueued, self)
+    }
+
+    func noteReaddir(of directory: Node) { listingsAhead.noteReaddir(of: directory, self) }
+
+    func dropListingsAhead(of keys: [String]?) { listingsAhead.dropListingsAhead(of: keys) }
+
+    /// Waits until no listing ahead is queued or running (tests).
+    func waitForListingsAhead() { listingsAhead.waitForListingsAhead() }
+}
