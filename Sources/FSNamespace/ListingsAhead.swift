@@ -6,7 +6,7 @@ import ObjectStore
 
 /// What the listings ahead need of the filesystem around them: the store and its clock, the
 /// configuration and time, the namespace's tables (read under the filesystem's own lock), and
-/// the background HEADs of directory markers (`Filesystem+Prefetch`).
+/// the background HEADs of directory markers (`BackgroundHeads`).
 package protocol ListingsAheadHost: ListingResolver {
     var store: any ObjectStore { get }
     var storeClock: StoreClock { get }

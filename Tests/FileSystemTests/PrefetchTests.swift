@@ -10,7 +10,7 @@ import Testing
 @testable import FSNamespace
 @testable import FileSystem
 
-/// Background HEADs after a listing (Filesystem+Prefetch): who gets one, how many, and that the
+/// Background HEADs after a listing (`BackgroundHeads`): who gets one, how many, and that the
 /// lookups that follow use their answers instead of sending their own.
 struct PrefetchTests {
     static let own = "application/octet-stream;cssp-mtime=1600000000.25;cssp-mode=0640"
