@@ -336,6 +336,12 @@ package struct DirectoryCache {
         case unknown
     }
 
+    /// Whether every change this mount made in `directory` after change count `count` is still
+    /// journaled (rule 4 can tell an answer asked then from what was made since).
+    package func knowsChanges(_ directory: InodeNumber, since count: UInt64) -> Bool {
+        count >= forgottenUpTo[directory] ?? 0
+    }
+
     /// What this mount made of `name` in `directory` after change count `count` (rule 4).
     package func changeSince(_ directory: InodeNumber, _ name: String, count: UInt64) -> Since {
         guard changeCount(directory) > count else { return .nothing }

@@ -89,8 +89,14 @@ extension Filesystem {
         let source: Source? = state.withLock { s in
             // A reader in use stays in use while lookups go on, whichever source serves them:
             // `ls -l` reads 6 000 names with one getdents (1 MiB), then stats each.
+            // Not one older than the changes this mount still knows of: what it shows of a name
+            // changed since could not be told from the store's answer (rule 4's `.unknown`),
+            // and the last try would take it (core model seed 80335: a file unlinked here, then
+            // an upload refused, found again by its name).
             var reader: DirectoryReader? = nil
-            if let (inUse, at) = s.readers[parent], now() - at <= configuration.directoryCacheSeconds {
+            if let (inUse, at) = s.readers[parent], now() - at <= configuration.directoryCacheSeconds,
+                s.directories.knowsChanges(parent, since: inUse.startedAt)
+            {
                 reader = inUse
                 s.readers[parent]?.at = now()
             }

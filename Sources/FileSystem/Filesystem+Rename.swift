@@ -150,11 +150,14 @@ extension Filesystem {
         // Owed attributes ride on the copy (which then stores them); otherwise it keeps the source's own.
         // An object without a stored mtime (another tool's) keeps the time it showed, not the
         // copy's new one (issue 38): the copy stores it, the object is csspfs's own from then on.
+        // So does its mode: with `foreign_attrs=listing` the other tool's `mode` header was never
+        // shown, and the copy, csspfs's own, would show it (core model seed 80207: 644 became 600).
         var shown = current
         if !current.attributesOwed && current.stored.mtime == nil && current.kind == .file {
             shown.stored.mtime = current.lastModified.roundedUpToSecond
+            shown.stored.mode = current.stored.mode ?? attributes(of: current).permissions
         }
-        let keepsTime = shown.stored.mtime != current.stored.mtime
+        let keepsTime = shown.stored != current.stored
         var form: (contentType: String, metadata: [String: String])? =
             current.attributesOwed || keepsTime ? storedForm(of: shown) : nil
         do throws(ObjectStoreError) {
@@ -202,7 +205,12 @@ extension Filesystem {
         if let replacedSpool { markRemoved(replacedSpool) }
         state.withLock { s in
             if let newManifest { s.inodes.update(source.inode) { $0.manifest = newManifest } }
-            if keepsTime, form != nil { s.inodes.update(source.inode) { $0.stored.mtime = $0.stored.mtime ?? shown.stored.mtime } }
+            if keepsTime, form != nil {
+                s.inodes.update(source.inode) { node in
+                    node.stored.mtime = node.stored.mtime ?? shown.stored.mtime
+                    node.stored.mode = node.stored.mode ?? shown.stored.mode
+                }
+            }
             finish(&s)
             // The copy stored the owed attributes, unless they changed since; the replaced
             // file's are owed to an object that is gone.

@@ -126,9 +126,13 @@ extension Environment {
 
 /// The seeds a model test runs: `PREFIX_SEED` replays one, else `PREFIX_SEEDS` (`count` by
 /// default) from 1; and `PREFIX_OPS` (`operations` by default) operations each.
-func modelSeeds(_ prefix: String, count: UInt64, operations: Int) -> (seeds: [UInt64], operations: Int) {
+/// `regressions`: seeds beyond the usual range that once found a bug, run after them.
+func modelSeeds(_ prefix: String, count: UInt64, operations: Int, regressions: [UInt64] = []) -> (seeds: [UInt64], operations: Int) {
     let setting = { (name: String) in ProcessInfo.processInfo.environment[prefix + name].flatMap { UInt64($0) } }
-    return (setting("_SEED").map { [$0] } ?? Array(1...(setting("_SEEDS") ?? count)), setting("_OPS").map(Int.init) ?? operations)
+    return (
+        setting("_SEED").map { [$0] } ?? Array(1...(setting("_SEEDS") ?? count)) + regressions,
+        setting("_OPS").map(Int.init) ?? operations
+    )
 }
 
 /// Runs `body` for each seed, until one throws: its error is the test's issue.
