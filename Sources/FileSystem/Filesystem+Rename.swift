@@ -150,12 +150,15 @@ extension Filesystem {
         // Owed attributes ride on the copy (which then stores them); otherwise it keeps the source's own.
         // An object without a stored mtime (another tool's) keeps the time it showed, not the
         // copy's new one (issue 38): the copy stores it, the object is csspfs's own from then on.
-        // So does its mode: with `foreign_attrs=listing` the other tool's `mode` header was never
-        // shown, and the copy, csspfs's own, would show it (core model seed 80207: 644 became 600).
+        // So does its mode with `foreign_attrs=listing`: the other tool's `mode` header was never
+        // shown, and the copy, csspfs's own, would show it (core model seed 80207: 644 became
+        // 600). (With `head` the header is what the mount shows, and the copy keeps it.)
         var shown = current
         if !current.attributesOwed && current.stored.mtime == nil && current.kind == .file {
             shown.stored.mtime = current.lastModified.roundedUpToSecond
-            shown.stored.mode = current.stored.mode ?? attributes(of: current).permissions
+            if configuration.foreignAttributes == .listing {
+                shown.stored.mode = current.stored.mode ?? attributes(of: current).permissions
+            }
         }
         let keepsTime = shown.stored != current.stored
         var form: (contentType: String, metadata: [String: String])? =
