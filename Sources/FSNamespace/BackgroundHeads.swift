@@ -71,7 +71,7 @@ package final class BackgroundHeads: Sendable {
     package static let indexFlushDelay: Double = 1
 
     /// The HEADs queued and running, their answers, and the window (lock 6 of the facade's
-    /// LOCKING block: never taken together with the filesystem's `state`).
+    /// LOCKING block: never taken together with the filesystem's `names` or `files`).
     package let heads = Locked(PrefetchState())
     /// The workers running.
     package let running = DispatchGroup()

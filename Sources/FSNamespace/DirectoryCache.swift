@@ -3,7 +3,7 @@ import FSCore
 import ObjectStore
 
 /// Remembered directory listings and the lookup heuristics around them. A value type with no I/O
-/// and no lock, held in `Filesystem.State`.
+/// and no lock, held in `NamespaceTables`.
 ///
 /// The rules it owns:
 /// 1. A complete listing is remembered for `dir_timeout` and answers lookups and readdir.

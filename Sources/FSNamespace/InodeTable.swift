@@ -2,7 +2,7 @@ import FSCore
 import ObjectStore
 
 /// Every node the filesystem knows, the names that lead to them, and the kernel's lookup counts.
-/// A value type with no I/O and no lock: `Filesystem.State` holds it under its mutex, and nothing
+/// A value type with no I/O and no lock: `NamespaceTables` holds it under the `names` lock, and nothing
 /// outside this file writes the node or name tables (a node's lookup count, pins and link are
 /// written only here too: their setters are internal to FSNamespace, which writes them nowhere else).
 ///

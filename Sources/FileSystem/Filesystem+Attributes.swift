@@ -37,7 +37,7 @@ extension Filesystem {
     /// Marks `inode`'s attributes owed, journals them and schedules their store.
     func oweAttributes(_ inode: InodeNumber) {
         withAttributeLock(inode) {
-            state.withLock { $0.inodes.oweAttributes(inode) }
+            names.withLock { $0.inodes.oweAttributes(inode) }
             syncAttributeNoteLocked(inode)
         }
         scheduleOwedAttributes(inode, tries: 0)
@@ -51,7 +51,7 @@ extension Filesystem {
             } catch {
                 logger.warning(
                     "storing owed attributes failed, retried later: \(error.message)", metadata: logFields(error, operation: "setattr"))
-                if state.withLock({ $0.inodes[inode]?.attributesOwed ?? false }) {
+                if names.withLock({ $0.inodes[inode]?.attributesOwed ?? false }) {
                     scheduleOwedAttributes(inode, tries: tries + 1)
                 }
             }
@@ -68,7 +68,7 @@ extension Filesystem {
     func storeOwedAttributes(_ inode: InodeNumber) throws(FSError) {
         try attributeLock(inode).withLock { () throws(FSError) in
             defer { syncAttributeNoteLocked(inode) }
-            guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
+            guard let node = names.withLock({ $0.inodes[inode] }), node.attributesOwed else { return }
             guard node.linked else {
                 // No name leads here any more (deleted, or replaced by a node made here): the key
                 // is another object's now, even one with the same ETag (two empty files).
@@ -84,7 +84,7 @@ extension Filesystem {
                     let info = try store.head(key: node.key)
                     guard info.etag == node.etag else {
                         // Another client's version: the rule voids what is owed on the old one.
-                        state.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
+                        names.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
                         return
                     }
                     let (contentType, metadata) = storedForm(of: node, over: info)
@@ -93,8 +93,8 @@ extension Filesystem {
             } catch where error.code == .notFound {
                 // Deleted by another client: nothing to store them on, and the name is gone (not
                 // journaled as this mount's entry, which later listings would show again).
-                state.withLock { s in
-                    guard s.inodes.child(node.parent, node.name)?.inode == inode, s.openFiles[inode] == nil else { return }
+                withTables { s, f in
+                    guard s.inodes.child(node.parent, node.name)?.inode == inode, f.openFiles[inode] == nil else { return }
                     s.inodes.unhook(parent: node.parent, name: node.name)
                     s.directories.forget(node.name, in: node.parent)
                 }
@@ -112,7 +112,7 @@ extension Filesystem {
     /// the caller holds (lock 1): the uploads counted before are waited for, and none starts
     /// until `post` returns.
     func postHoldingUploads(_ inode: InodeNumber, _ post: () throws(ObjectStoreError) -> Void) throws(ObjectStoreError) {
-        state.withLock { $0.uploading[inode]?.done }?.wait()
+        files.withLock { $0.uploading[inode]?.done }?.wait()
         try post()
     }
 
@@ -120,7 +120,7 @@ extension Filesystem {
     /// them (drain); returns the keys that failed.
     @discardableResult
     func storeOwedAttributes(below prefix: String? = nil) -> [String] {
-        let owing = state.withLock { $0.inodes.nodesOwingAttributes }
+        let owing = names.withLock { $0.inodes.nodesOwingAttributes }
         var failed: [String] = []
         for node in owing where prefix.map({ node.key.utf8.starts(with: $0.utf8) }) ?? true {
             do {
@@ -137,12 +137,12 @@ extension Filesystem {
     /// from now on (the attribute rule), the remembered listing's entry included.
     func settleAttributes(_ inode: InodeNumber, storedAt version: UInt64) {
         let tick = storeClock.tick()
-        state.withLock { s in
+        withTables { s, f in
             guard let node = s.inodes.update(inode, { $0.acknowledge(at: tick, version: version) }) else { return }
             if node.attributesOwed && node.attributeVersion == version {
                 // The listing first: settling unpins the node, which goes if the kernel forgot it,
                 // and the next lookup makes a new node from the remembered entry.
-                if node.kind != .directory, s.openFiles[inode] == nil { updateListing(describing: node, in: &s) }
+                if node.kind != .directory, f.openFiles[inode] == nil { updateListing(describing: node, in: &s) }
                 s.inodes.settleAttributes(inode)
             }
             s.sweep()
@@ -157,7 +157,7 @@ extension Filesystem {
 
     private func syncAttributeNoteLocked(_ inode: InodeNumber) {
         let path = spool.attributeNotePath(inode)
-        guard let node = state.withLock({ $0.inodes[inode] }), node.attributesOwed else {
+        guard let node = names.withLock({ $0.inodes[inode] }), node.attributesOwed else {
             Glibc.unlink(path)
             return
         }

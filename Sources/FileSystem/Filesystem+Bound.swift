@@ -30,15 +30,6 @@ import Metrics
 ///    otherwise (an idle mount 50 names past a bound of 200, once in three runs of
 ///    BoundedMountTests), while names the kernel will not forget, such as a file mapped after
 ///    its close, are not asked for every second.
-struct BoundState {
-    var running = false
-    /// The node count and the time when the last pass began.
-    var lastPass: (count: Int, at: Double) = (0, -.infinity)
-    /// Passes in a row after which the kernel forgot nothing (rule 3).
-    var fruitless = 0
-    static let retries = 4
-}
-
 extension Filesystem {
     /// After an operation that may have added nodes: starts a pass if there are too many
     /// (rules 2 and 3). Without a kernel to ask (tests of the core that install none), nothing.
@@ -46,7 +37,7 @@ extension Filesystem {
     func boundNodes(followUp: Bool = false) {
         let limit = configuration.maximumEntries
         guard limit > 0, kernelCache.forgetsEntries else { return }
-        let start = state.withLock { s -> Bool in
+        let start = names.withLock { s -> Bool in
             let count = s.inodes.nodes.count
             guard count > limit else { return false }
             let now = now()
@@ -63,25 +54,25 @@ extension Filesystem {
             return true
         }
         guard start else { return }
-        if !pool.submit({ [self] in forgetPass() }) { state.withLock { $0.bound.running = false } }
+        if !pool.submit({ [self] in forgetPass() }) { names.withLock { $0.bound.running = false } }
     }
 
     /// Asks the kernel to forget names until nine tenths of the bound are left (rule 2).
     private func forgetPass() {
         let limit = configuration.maximumEntries
-        let names = state.withLock { s -> [(parent: InodeNumber, name: String)] in
+        let forget = withTables { s, f -> [(parent: InodeNumber, name: String)] in
             let excess = s.inodes.nodes.count - (limit - limit / 10)
             guard excess > 0 else { return [] }
-            let held = s.handles.remoteInodes.union(s.openFiles.keys)
+            let held = f.handles.remoteInodes.union(f.openFiles.keys)
             return s.inodes.forgettable(excess, in: s.directories.directoriesByUse, held: held)
         }
-        for (parent, name) in names { kernelCache.forgetEntry(parent, name) }
-        configuration.metrics.entriesForgotten.add(Int64(names.count))
-        let fruitless = state.withLock { s in
+        for (parent, name) in forget { kernelCache.forgetEntry(parent, name) }
+        configuration.metrics.entriesForgotten.add(Int64(forget.count))
+        let fruitless = names.withLock { s in
             s.bound.running = false
             return s.bound.fruitless
         }
         // 1 s, then 2, 4, 8, 16 s while the kernel forgets nothing (rule 3).
-        if !names.isEmpty { pool.submit(after: Double(1 << fruitless)) { [self] in boundNodes(followUp: true) } }
+        if !forget.isEmpty { pool.submit(after: Double(1 << fruitless)) { [self] in boundNodes(followUp: true) } }
     }
 }

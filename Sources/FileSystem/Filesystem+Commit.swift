@@ -18,9 +18,9 @@ extension Filesystem {
     /// Drops a spool whose content is stored (or that was removed), and the node if the kernel
     /// forgot it. Does nothing while the spool is held or owes an upload.
     func retire(_ open: SpoolFile) {
-        let done: Bool = state.withLock { s in
-            guard s.openFiles[open.inode] === open, open.state.withLock({ $0.retire() }) else { return false }
-            s.openFiles[open.inode] = nil
+        let done: Bool = withTables { s, f in
+            guard f.openFiles[open.inode] === open, open.state.withLock({ $0.retire() }) else { return false }
+            f.openFiles[open.inode] = nil
             // The listing first, as when attributes settle: unpinned, the node goes if the
             // kernel forgot it, and the next lookup makes one from the remembered entry, which
             // a change stored while the file was open (a chmod) did not update.
@@ -79,7 +79,7 @@ extension Filesystem {
             // Owed with no handle (a retry is scheduled), and owed with a handle still open (its
             // next close would try again; before an unmount through the helper, try now).
             let owedInodes = transfers.owedInodes
-            let (due, queued, held): ([SpoolFile], [SpoolFile], [SpoolFile]) = state.withLock { s in
+            let (due, queued, held): ([SpoolFile], [SpoolFile], [SpoolFile]) = files.withLock { s in
                 let due = s.openFiles.values.filter { open in open.state.withLock { $0.retryIsDue() } }
                 // Write-back: the queue's uploads, at once.
                 let queued = s.openFiles.values.filter { open in open.state.withLock { $0.isQueued && $0.isIdle } }
@@ -245,7 +245,7 @@ extension Filesystem {
         // either waits for this upload or finishes before it starts (`postHoldingUploads`).
         let inode = open.inode
         attributeLock(inode).withLock {
-            state.withLock { s in
+            files.withLock { s in
                 if let (count, done) = s.uploading[inode] {
                     s.uploading[inode] = (count + 1, done)
                 } else {
@@ -257,7 +257,7 @@ extension Filesystem {
         }
         // Ended before the note's sync, which takes the attribute lock a waiting POST holds.
         let end = { [self] in
-            let ended: DispatchGroup? = state.withLock { s in
+            let ended: DispatchGroup? = files.withLock { s in
                 guard let (count, done) = s.uploading[inode] else { return nil }
                 if count > 1 {
                     s.uploading[inode] = (count - 1, done)
@@ -293,7 +293,7 @@ extension Filesystem {
         let snapshot = open.state.withLock { $0 }
         try Self.requireNoWriteFailure(snapshot)
         if !snapshot.needsUpload { return }
-        guard let node = state.withLock({ $0.inodes[open.inode] }) else { return }
+        guard let node = names.withLock({ $0.inodes[open.inode] }) else { return }
         let (contentType, metadata) = storedForm(of: node)
         var etag = node.etag
         var manifest = node.manifest
@@ -339,7 +339,7 @@ extension Filesystem {
         // beside a node that still describes the old version, and a crash would find a note
         // whose base is not on the server any more.
         open.noteLock.withLock { note in
-            let stillOwed: Bool = state.withLock { s in
+            let stillOwed: Bool = names.withLock { s in
                 let stillOwed = open.state.withLock { o in
                     if snapshot.dataDirty { o.baseETag = etag }
                     _ = o.uploaded(generation: snapshot.generation)
@@ -402,7 +402,7 @@ extension Filesystem {
             }
         }
         let stored = storeClock.tick()
-        state.withLock { s in
+        names.withLock { s in
             s.inodes.update(open.inode) { $0.forgetWhatWasSaid(at: stored) }
             s.directories.drop(node.parent)
         }

@@ -37,16 +37,16 @@ extension Filesystem {
     /// spool (a writer). A writer that appears while the bytes are stored gets the kernel's pages
     /// of the file dropped, so it never reads older bytes than its own.
     func offerToKernel(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
-        guard state.withLock({ $0.openFiles[inode] == nil }) else { return }
+        guard files.withLock({ $0.openFiles[inode] == nil }) else { return }
         kernelCache.store(inode, at: offset, bytes)
-        if state.withLock({ $0.openFiles[inode] != nil }) { kernelCache.invalidate(inode) }
+        if files.withLock({ $0.openFiles[inode] != nil }) { kernelCache.invalidate(inode) }
     }
 
     /// The name of `key`'s blocks in the block cache.
     func cacheName(_ key: String) -> String { configuration.cacheIdentity + "/" + key }
 
-    private func register(_ handle: Handle) -> UInt64 {
-        state.withLock { s in
+    private func register(_ handle: FileHandle) -> UInt64 {
+        files.withLock { s in
             s.handles.open(handle)
         }
     }
@@ -77,7 +77,7 @@ extension Filesystem {
             if node.etag != known.etag || node.size != known.size { kernelCache.invalidate(inode, pages: false) }
         }
         guard writable || truncate else {
-            let (keep, otherVersion) = state.withLock { s in
+            let (keep, otherVersion) = names.withLock { s in
                 let cached = s.inodes[inode]?.cachedEtag
                 s.inodes.update(inode) { $0.cachedEtag = node.etag }
                 return (cached == node.etag, cached != nil && cached != node.etag)
@@ -91,8 +91,8 @@ extension Filesystem {
         let open = try makeSpool(for: node, download: !truncate)
         // Another thread may have opened the same file meanwhile: its spool wins. Taking the spool
         // and counting this handle on it is one step, so a retiring spool is never attached to.
-        let attached: SpoolFile? = state.withLock { s in
-            if let existing = s.openFiles[inode], existing.state.withLock({ $0.attach(writable: writable) }) {
+        let attached: SpoolFile? = withTables { s, f in
+            if let existing = f.openFiles[inode], existing.state.withLock({ $0.attach(writable: writable) }) {
                 return existing
             }
             guard let current = s.inodes[inode] else { return nil }
@@ -103,7 +103,7 @@ extension Filesystem {
                 if truncate { o.baseETag = current.etag }
                 return o.attach(writable: writable)
             }
-            s.openFiles[inode] = open
+            f.openFiles[inode] = open
             s.inodes.pin(inode)
             s.inodes.update(inode) { $0.localVersion += 1 }
             return open
@@ -122,7 +122,7 @@ extension Filesystem {
         // of an older one (another client replaced the file since) would be read, changed and
         // written back over the new version (the two-mount model's lost update).
         let base = attached.state.withLock { $0.baseETag }
-        let pagesOfThisVersion = !base.isEmpty && state.withLock { $0.inodes[inode]?.cachedEtag } == base
+        let pagesOfThisVersion = !base.isEmpty && names.withLock { $0.inodes[inode]?.cachedEtag } == base
         // The download found another version than the node knew: the kernel's size is the old
         // one's, and would cut the spool's reads short.
         if attached === open && !truncate && base != node.etag { kernelCache.invalidate(inode, pages: false) }
@@ -162,7 +162,7 @@ extension Filesystem {
 
     /// Counts one more handle on the spool of `inode`, if it has one.
     private func attach(_ inode: InodeNumber, writable: Bool) -> SpoolFile? {
-        state.withLock { s in
+        files.withLock { s in
             guard let open = s.openFiles[inode], open.state.withLock({ $0.attach(writable: writable) }) else { return nil }
             return open
         }
@@ -215,8 +215,8 @@ extension Filesystem {
         return open
     }
 
-    private func handle(_ number: UInt64) throws(FSError) -> Handle {
-        guard let handle = state.withLock({ $0.handles.file(number) }) else {
+    private func handle(_ number: UInt64) throws(FSError) -> FileHandle {
+        guard let handle = files.withLock({ $0.handles[number] }) else {
             throw FSError(.invalidArgument, "unknown file handle \(number)")
         }
         return handle
@@ -240,12 +240,12 @@ extension Filesystem {
         // Every handle of one file sees what was written through this mount: a writer's spool
         // while there is one, else the version stored last (a handle opened before keeps reading
         // the old one otherwise), under its current key (renamed, or a directory above it).
-        let source: ReadSource? = state.withLock { s in
-            switch s.handles.file(number) {
+        let source: ReadSource? = withTables { s, f in
+            switch f.handles[number] {
             case nil: return nil
             case .spool(let open, _)?: return .spool(open)
             case .remote(let reader, let inode, let version)?:
-                if let spool = s.openFiles[inode] { return .othersSpool(spool) }
+                if let spool = f.openFiles[inode] { return .othersSpool(spool) }
                 guard let node = s.inodes[inode] else { return .reader(reader, inode, anotherVersionKnown: false) }
                 if node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key)) {
                     return node.linked ? .newReader(node) : .removed(node.key)
@@ -271,7 +271,7 @@ extension Filesystem {
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
         case .newReader(let node)?:
             let reader = makeReader(node)
-            state.withLock { s in
+            files.withLock { s in
                 s.handles.replace(number, with: .remote(reader, node.inode, localVersion: node.localVersion))
             }
             try read(reader, handle: number, inode: node.inode, offset: offset, length: length, reply: reply)
@@ -306,7 +306,7 @@ extension Filesystem {
             // is no longer the cached one).
             guard !reader.keptPages else { throw error }
             let newer = makeReader(adopted)
-            state.withLock { s in
+            files.withLock { s in
                 s.handles.replace(number, with: .remote(newer, inode, localVersion: adopted.localVersion))
             }
             // Its attributes go now if the file grew, so that a read past the old size asks for
@@ -340,8 +340,8 @@ extension Filesystem {
         } catch {
             throw error.code == .notFound ? failure : FSError(storeError: error, operation: "read", path: reader.key)
         }
-        let adopted: Node? = state.withLock { s in
-            guard s.openFiles[inode] == nil,
+        let adopted: Node? = withTables { s, f in
+            guard f.openFiles[inode] == nil,
                 let node = s.inodes.update(inode, { apply(info, askedAt: askedAt, to: &$0) }),
                 node.linked, node.key.isSameKey(as: reader.key), node.etag == info.etag, node.etag != reader.etag
                     || node.manifest != reader.manifest
@@ -368,7 +368,7 @@ extension Filesystem {
         let multipart = configuration.multipartThreshold
         // The key (for --status) is looked up only when a pipeline starts, not at every write.
         let starts = open.state.withLock { $0.size > multipart && $0.earlyParts == nil && !$0.isRemoved }
-        let key = starts ? state.withLock { $0.inodes[open.inode]?.key } ?? open.path : open.path
+        let key = starts ? names.withLock { $0.inodes[open.inode]?.key } ?? open.path : open.path
         // (Begun outside the spool's lock: a store may ask the server. One begun by a writer that
         // loses the race below is never used; on Swift it cost nothing.)
         let session = starts ? try? store.beginUpload(key: key) : nil
@@ -415,7 +415,7 @@ extension Filesystem {
     }
 
     public func release(handle number: UInt64) {
-        guard let handle = state.withLock({ $0.handles.closeFile(number) }) else { return }
+        guard let handle = files.withLock({ $0.handles.close(number) }) else { return }
         guard case .spool(let open, let writable) = handle else { return }
         detach(open, writable: writable)
     }

@@ -5,14 +5,14 @@ import FSNamespace
 import ObjectStore
 
 // The filesystem as the host of the namespace room's listings ahead and walk listings
-// (`ListingsAhead`, `WalkListing` in FSNamespace): what they read of the tables under `state`,
+// (`ListingsAhead`, `WalkListing` in FSNamespace): what they read of the tables under `names`,
 // and the background HEADs of directory markers. The calls the rest of the facade makes pass
 // `self` as the host.
 extension Filesystem {
     package func withoutFreshListings(_ directories: [DirectoryEntry], in parent: InodeNumber, now: Double)
         -> [DirectoryEntry]
     {
-        state.withLock { s in
+        names.withLock { s in
             directories.filter { directory in
                 guard let node = s.inodes.child(parent, directory.name), node.kind == .directory else { return true }
                 return s.directories.listing(node.inode, now: now, maximumAge: configuration.directoryCacheSeconds) == nil
@@ -21,11 +21,11 @@ extension Filesystem {
     }
 
     package func namespaceGeneration() -> (generation: UInt64, now: Double) {
-        state.withLock { s in (s.directories.generation, now()) }
+        names.withLock { s in (s.directories.generation, now()) }
     }
 
     package func reader(over listing: AheadListing, of directory: Node) -> DirectoryReader? {
-        state.withLock { s in
+        names.withLock { s in
             guard listing.generation == s.directories.generation,
                 now() - listing.startedAt <= configuration.directoryCacheSeconds
             else { return nil }

@@ -26,16 +26,16 @@ extension Filesystem {
         do {
             for attempt in 1...Self.lookupAttempts {
                 if let attributes = try lookupOnce(parent: parent, name: name, lastTry: attempt == Self.lookupAttempts) {
-                    if attributes.kind != .directory { state.withLock { $0.directories.noteNamesUsed(parent, now: now()) } }
+                    if attributes.kind != .directory { names.withLock { $0.directories.noteNamesUsed(parent, now: now()) } }
                     return attributes
                 }
             }
         } catch where error.code == .notFound {
             // A directory the store no longer shows is there while a file below it is being
             // written (`directoriesHoldingFilesBeingWritten`).
-            let kept: Attributes? = state.withLock { s in
+            let kept: Attributes? = withTables { s, f in
                 guard let node = s.inodes.child(parent, name), node.kind == .directory,
-                    directoriesHoldingFilesBeingWritten(in: s).contains(node.inode)
+                    directoriesHoldingFilesBeingWritten(in: s, f).contains(node.inode)
                 else { return nil }
                 s.inodes.countLookup(node.inode)
                 return attributes(of: node)
@@ -50,9 +50,9 @@ extension Filesystem {
     /// names that lead to it. Such a directory is there whatever a listing says (another client
     /// removed every other key below it): a listing that lacks it keeps it, lookups find it and
     /// readdir shows it, as it does the file (its upload makes the directory again).
-    func directoriesHoldingFilesBeingWritten(in s: State) -> Set<InodeNumber> {
+    func directoriesHoldingFilesBeingWritten(in s: NamespaceTables, _ f: FileTables) -> Set<InodeNumber> {
         var holding = Set<InodeNumber>()
-        for open in s.openFiles.keys {
+        for open in f.openFiles.keys {
             var current = s.inodes[open]
             while let node = current, node.linked, node.inode != Self.rootInode, holding.insert(node.parent).inserted {
                 current = s.inodes[node.parent]
@@ -74,10 +74,10 @@ extension Filesystem {
         if isHidden(name, in: directory) { throw FSError(.notFound, "'\(name)' is reserved for multipart parts") }
         try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
-        let local: Attributes? = state.withLock { s in
+        let local: Attributes? = withTables { s, f in
             s.directories.touch(parent)
             guard let node = s.inodes.child(parent, name) else { return nil }
-            return lookUpSpooled(node.inode, in: &s)
+            return lookUpSpooled(node.inode, in: &s, &f)
         }
         if let local { return local }
 
@@ -86,7 +86,7 @@ extension Filesystem {
             case table(EntryTable, askedAt: UInt64, since: UInt64)
             case reader(DirectoryReader)
         }
-        let source: Source? = state.withLock { s in
+        let source: Source? = names.withLock { s in
             // A reader in use stays in use while lookups go on, whichever source serves them:
             // `ls -l` reads 6 000 names with one getdents (1 MiB), then stats each.
             // Not one older than the changes this mount still knows of: what it shows of a name
@@ -137,7 +137,7 @@ extension Filesystem {
                 (entry, listedAt, since) = (found, askedAt, count)
                 following = { listing.following(name.exact, count: $0) }
             } else {
-                since = state.withLock { $0.directories.changeCount(parent) }
+                since = names.withLock { $0.directories.changeCount(parent) }
                 listedAt = storeClock.tick()
                 let (found, headed) = try resolve(name: name, prefix: directory.key)
                 entry = found
@@ -150,7 +150,7 @@ extension Filesystem {
         if head != nil {
             // Described by the HEAD already.
         } else if needsHead {
-            let known = state.withLock { s in s.inodes.child(parent, name) }
+            let known = names.withLock { s in s.inodes.child(parent, name) }
             if let known, known.kind == entry.kind, now() - known.confirmedAt <= configuration.attributeCacheSeconds {
                 // A zero-byte listing entry may be a DLO whose size and ETag the node has from a HEAD.
                 fresh = true
@@ -177,7 +177,7 @@ extension Filesystem {
             // first report, from the node (this version, described by a HEAD already), a HEAD
             // ahead of the program, the index, or a HEAD now. The next ones go out meanwhile.
             prefetchAhead(of: entry.key, in: parent, listedAt: listedAt, following: following)
-            let known = state.withLock { s in s.inodes.child(parent, name) }
+            let known = names.withLock { s in s.inodes.child(parent, name) }
             if let known, known.kind == entry.kind, known.etag == entry.etag, known.metadataKnownAt > 0,
                 known.lastModified.agrees(with: entry.lastModified)
             {
@@ -201,8 +201,8 @@ extension Filesystem {
                 }
             }
         }
-        return try state.withLock { s throws(FSError) in
-            try self.link(entry, parent: parent, listedAt: listedAt, since: since, lastTry: lastTry, head: head, fresh: fresh, in: &s)
+        return try withTables { (s, f) throws(FSError) in
+            try self.link(entry, parent: parent, listedAt: listedAt, since: since, lastTry: lastTry, head: head, fresh: fresh, in: &s, &f)
         }
     }
 
@@ -229,7 +229,7 @@ extension Filesystem {
             case wait(DispatchGroup)
             case no
         }
-        let start: Start = state.withLock { s in
+        let start: Start = names.withLock { s in
             defer { s.directories.lastResolved[inode] = now }
             if let running = s.directories.listingForLookup[inode] { return .wait(running) }
             guard let last = s.directories.lastResolved[inode], now - last <= Self.lookupListingWindow else { return .no }
@@ -244,13 +244,13 @@ extension Filesystem {
             // Bounded: a listing of a huge directory must not hold every FUSE thread; a lookup
             // that waited long enough asks about its name instead.
             guard running.wait(timeout: .now() + Self.lookupListingWait) == .success else { return nil }
-            return state.withLock { s in
+            return names.withLock { s in
                 s.directories.listing(inode, now: self.now(), maximumAge: configuration.directoryCacheSeconds)
                     .map { ($0.entries, $0.askedAt, s.directories.changeCount(inode)) }
             }
         case .list(let startedAt, let group):
             defer {
-                state.withLock { _ = $0.directories.listingForLookup.removeValue(forKey: inode) }
+                names.withLock { _ = $0.directories.listingForLookup.removeValue(forKey: inode) }
                 group.leave()
             }
             let reader = makeDirectoryReader(directory, startedAt: startedAt)
@@ -280,7 +280,7 @@ extension Filesystem {
     @discardableResult
     func remember(_ reader: DirectoryReader, _ entries: PackedEntries, for inode: InodeNumber) -> EntryTable {
         let listed = EntryTable(entries)
-        let table = state.withLock { s in rememberLocked(reader, listed, for: inode, in: &s) }
+        let table = withTables { s, f in rememberLocked(reader, listed, for: inode, in: &s, &f) }
         prefetchMetadata(of: entries, in: inode)
         return table
     }
@@ -289,7 +289,7 @@ extension Filesystem {
     /// metadata after).
     func rememberLocked(
         _ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, confirmed: Set<ExactString> = [],
-        in s: inout State
+        in s: inout NamespaceTables, _ f: inout FileTables
     ) -> EntryTable {
         guard s.inodes[inode] != nil else { return listed }
         let (table, remembered) = s.directories.remember(
@@ -303,9 +303,9 @@ extension Filesystem {
         guard remembered else { return table }
         // Names the server no longer lists are gone (another client removed them), unless
         // they hold bytes not stored yet (a directory: below it).
-        let holding = directoriesHoldingFilesBeingWritten(in: s)
+        let holding = directoriesHoldingFilesBeingWritten(in: s, f)
         for (name, child) in s.inodes.children(of: inode)
-        where table[name] == nil && s.openFiles[child] == nil && !holding.contains(child) {
+        where table[name] == nil && f.openFiles[child] == nil && !holding.contains(child) {
             s.inodes.unhook(parent: inode, name: name.string)
         }
         s.sweep()
@@ -315,7 +315,7 @@ extension Filesystem {
     /// A reader of the server's listing of `directory`, which starts at change count `startedAt`
     /// (now, when nil); `pagesAhead`: see `DirectoryReader`.
     func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil, pagesAhead: Bool = true) -> DirectoryReader {
-        let (count, removed) = state.withLock { s in
+        let (count, removed) = names.withLock { s in
             (s.directories.changeCount(directory.inode), s.directories.removedHere(directory.inode, now: now()))
         }
         return DirectoryReader(
@@ -338,7 +338,7 @@ extension Filesystem {
     /// journal forgot what came after it or when only a HEAD would describe this mount's entry.
     func link(
         _ answer: DirectoryEntry, parent: InodeNumber, listedAt answerAskedAt: UInt64, since: UInt64?,
-        lastTry: Bool = false, head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout State
+        lastTry: Bool = false, head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout NamespaceTables, _ f: inout FileTables
     ) throws(FSError) -> Attributes? {
         var (entry, listedAt, head) = (answer, answerAskedAt, answerHead)
         if let since, s.inodes.child(parent, entry.name)?.kind != entry.kind {
@@ -364,7 +364,7 @@ extension Filesystem {
         let linked = s.inodes.link(
             parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1,
             reserved: s.directories.takeReservation(parent, entry.name))
-        if let open = s.openFiles[linked.inode] {
+        if let open = f.openFiles[linked.inode] {
             // The spool describes the file (changes not stored yet): the server's view must not win.
             var node = linked
             node.size = open.size
@@ -461,7 +461,7 @@ extension Filesystem {
 
     /// The kernel dropped `count` lookups of `inode`.
     public func forget(_ inode: InodeNumber, count: UInt64) {
-        state.withLock { s in
+        names.withLock { s in
             // The listing first, when this drops the node: the next lookup makes a node from
             // the remembered entry, which may describe a version older than the node knew
             // (another client's, a HEAD showed it).

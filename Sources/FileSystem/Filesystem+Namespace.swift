@@ -57,13 +57,13 @@ extension Filesystem {
         var keys: [String] = []
         var prefixes: [String] = []
         let failedAt = storeClock.tick()
-        state.withLock { s in
+        withTables { s, f in
             for (parent, name) in names {
                 s.directories.forget(name, in: parent)
                 guard let node = s.inodes.child(parent, name) else { continue }
                 var pending = [node.inode]
                 while let inode = pending.popLast() {
-                    let restore = original?.inode == inode && s.openFiles[inode] == nil
+                    let restore = original?.inode == inode && f.openFiles[inode] == nil
                     guard let current = s.inodes.update(inode, { n in
                         if restore, let original { n.stored = original.stored }
                         n.forgetWhatWasSaid(at: failedAt)
@@ -82,7 +82,7 @@ extension Filesystem {
     }
 
     /// Adds a node for a name we just made, counting one kernel lookup.
-    private func insert(_ node: Node, in s: inout State) -> Node {
+    private func insert(_ node: Node, in s: inout NamespaceTables) -> Node {
         var node = node
         node.confirmedAt = now()
         // Made here (and stored, but for a file being created): older answers describe another object.
@@ -133,7 +133,7 @@ extension Filesystem {
             etag = try storeExclusively(key, stored: stored, contentType: contentType, parent: parent, name: name)
         }
         let (path, fd) = try spool.create()
-        let result: (Node, SpoolFile, UInt64) = state.withLock { s in
+        let result: (Node, SpoolFile, UInt64) = withTables { s, f in
             var node = Node(
                 inode: 0, parent: parent, name: name, kind: .file, key: key, size: 0, etag: etag,
                 lastModified: Timestamp.now())
@@ -143,9 +143,9 @@ extension Filesystem {
             // Stored already (exclusive): a close with nothing written sends nothing more.
             let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: etag.isEmpty, baseETag: etag)
             _ = open.state.withLock { $0.attach(writable: true) }
-            s.openFiles[node.inode] = open
+            f.openFiles[node.inode] = open
             s.inodes.pin(node.inode)
-            let handle = s.handles.open(.spool(open, writable: true))
+            let handle = f.handles.open(.spool(open, writable: true))
             updateListing(parent, name: name, entry: entry(for: node), in: &s)
             return (node, open, handle)
         }
@@ -224,7 +224,7 @@ extension Filesystem {
             } catch {
                 throw FSError(storeError: error, operation: "mknod", path: key)
             }
-            let node: Node = state.withLock { s in
+            let node: Node = names.withLock { s in
                 var node = Node(inode: 0, parent: parent, name: name, kind: kind, key: key, etag: etag, lastModified: Timestamp.now())
                 node.stored = stored
                 node.baseContentType = base
@@ -250,7 +250,7 @@ extension Filesystem {
             } catch {
                 throw FSError(storeError: error, operation: "mkdir", path: prefix)
             }
-            let node: Node = state.withLock { s in
+            let node: Node = names.withLock { s in
                 var node = Node(
                     inode: 0, parent: parent, name: name, kind: .directory, key: prefix, size: 0, etag: "",
                     lastModified: Timestamp.now())
@@ -286,7 +286,7 @@ extension Filesystem {
             } catch {
                 throw FSError(storeError: error, operation: "symlink", path: key)
             }
-            let node: Node = state.withLock { s in
+            let node: Node = names.withLock { s in
                 var node = Node(
                     inode: 0, parent: parent, name: name, kind: .symlink, key: key, size: Int64(target.utf8.count),
                     etag: etag, lastModified: Timestamp.now())
@@ -308,7 +308,7 @@ extension Filesystem {
         do {
             let bytes = try store.getBytes(key: node.key, range: nil)
             let target = String(decoding: bytes, as: UTF8.self)
-            state.withLock { _ = $0.inodes.update(inode) { $0.symlinkTarget = target } }
+            names.withLock { _ = $0.inodes.update(inode) { $0.symlinkTarget = target } }
             return target
         } catch {
             throw FSError(storeError: error, operation: "readlink", path: node.key)
@@ -321,15 +321,15 @@ extension Filesystem {
     func target(_ parent: InodeNumber, _ name: String) throws(FSError) -> Node {
         // A name confirmed within attr_timeout, or with unstored bytes, is trusted as the kernel
         // trusts its dentry; anything older is asked for again (another client may have removed it).
-        let known: Node? = state.withLock { s in
+        let known: Node? = withTables { s, f in
             guard let node = s.inodes.child(parent, name),
-                s.openFiles[node.inode] != nil || now() - node.confirmedAt <= configuration.attributeCacheSeconds
+                f.openFiles[node.inode] != nil || now() - node.confirmedAt <= configuration.attributeCacheSeconds
             else { return nil }
             return node
         }
         if let known { return known }
         let attributes = try lookup(parent: parent, name: name)
-        let node: Node? = state.withLock { s in
+        let node: Node? = names.withLock { s in
             let node = s.inodes[attributes.inode]
             s.inodes.forget(attributes.inode, count: 1)
             s.sweep()
@@ -347,14 +347,14 @@ extension Filesystem {
             // A spool's node is pinned once more while this runs: the upload this waits for
             // retires the spool when it ends, and the node must still be here to say what that
             // upload stored (the version the delete names).
-            let open: SpoolFile? = state.withLock { s in
-                let open = s.openFiles[target.inode]
+            let open: SpoolFile? = withTables { s, f in
+                let open = f.openFiles[target.inode]
                 if open != nil { s.inodes.pin(target.inode) }
                 return open
             }
             defer {
                 if open != nil {
-                    state.withLock { s in
+                    names.withLock { s in
                         s.inodes.unpin(target.inode)
                         s.sweep()
                     }
@@ -370,7 +370,7 @@ extension Filesystem {
                 if !neverStored {
                     if configuration.writeBack {
                         // The node as the last upload left it (it may have ended since `target`).
-                        let node = state.withLock { $0.inodes[target.inode] } ?? target
+                        let node = names.withLock { $0.inodes[target.inode] } ?? target
                         let base = open?.state.withLock { $0.baseETag } ?? ""
                         let seen = node.etag.isEmpty ? base : DeleteEntry.version(etag: node.etag, manifest: node.manifest)
                         try deletes.enqueue(
@@ -380,7 +380,7 @@ extension Filesystem {
                     }
                 }
                 if let open { markRemoved(open) }
-                state.withLock { s in
+                names.withLock { s in
                     if s.inodes.child(parent, name)?.inode == target.inode || s.inodes.child(parent, name) == nil {
                         s.inodes.unhook(parent: parent, name: name)
                     }
@@ -449,7 +449,7 @@ extension Filesystem {
             } else {
                 try removeDirectoryMarkers(prefix: target.key)
             }
-            state.withLock { s in
+            names.withLock { s in
                 s.inodes.unhook(parent: parent, name: name)
                 updateListing(parent, name: name, entry: nil, in: &s)
                 s.directories.drop(target.inode)
@@ -460,8 +460,8 @@ extension Filesystem {
 
     /// ENOTEMPTY unless the directory holds nothing but its own marker (on the server or here).
     func requireEmpty(_ directory: Node) throws(FSError) {
-        let localChildren = state.withLock { s in
-            s.inodes.children(of: directory.inode).contains { s.openFiles[$0.inode] != nil }
+        let localChildren = withTables { s, f in
+            s.inodes.children(of: directory.inode).contains { f.openFiles[$0.inode] != nil }
         }
         if localChildren { throw FSError(.notEmpty, "'\(directory.key)' holds files being written") }
         let page: ListPage

@@ -118,9 +118,9 @@ extension Filesystem {
             return (Set(p.tooLarge.keys), Set(p.tooLargeFlat.keys), p.expired)
         }
         let hotSeconds = max(Self.pollHotSeconds, 2 * configuration.pollSeconds)
-        let (hot, cooled, expiring): ([Node], Set<InodeNumber>, [String]) = state.withLock { s in
+        let (hot, cooled, expiring): ([Node], Set<InodeNumber>, [String]) = withTables { s, f in
             var hot = Set(s.directories.usedSince(now - hotSeconds))
-            for open in Set(s.openFiles.keys).union(s.handles.remoteInodes) {
+            for open in Set(f.openFiles.keys).union(f.handles.remoteInodes) {
                 if let parent = s.inodes[open]?.parent { hot.insert(parent) }
             }
             // Out of use: the listing expires once (subtlety 1).
@@ -198,7 +198,7 @@ extension Filesystem {
         }
         guard let before, before != info else { return }
         logger.debug("poll: the container changed (\(before.objectCount) -> \(info.objectCount) objects)")
-        state.withLock { s in s.directories.expireAllListings() }
+        names.withLock { s in s.directories.expireAllListings() }
         dropListingsAhead(of: nil)
     }
 
@@ -211,7 +211,7 @@ extension Filesystem {
     /// changed, as from its own listing.
     private func pollSubtree(_ prefix: String, _ directories: [Node]) {
         // What a listing of each directory would start from, before the request.
-        let starts = state.withLock { s in
+        let starts = names.withLock { s in
             directories.map { (s.directories.changeCount($0.inode), s.directories.removedHere($0.inode, now: now())) }
         }
         let askedAt = storeClock.tick()
@@ -259,17 +259,17 @@ extension Filesystem {
         }
         var changed: [InodeNumber] = []
         var names: [String] = []
-        state.withLock { s in
+        withTables { s, f in
             guard s.inodes[inode] != nil else { return }
             let before = s.directories.anyListing(inode)
             let children = s.inodes.children(of: inode)
-            let table = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s)
+            let table = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s, &f)
             for (name, child) in children {
                 guard let entry = table[name] else {
                     names.append(name.string)
                     continue
                 }
-                guard s.openFiles[child] == nil, let node = s.inodes[child], node.kind == .file, entry.kind == .file,
+                guard f.openFiles[child] == nil, let node = s.inodes[child], node.kind == .file, entry.kind == .file,
                     entry.etag != node.etag
                 else { continue }
                 if Self.describesWhole(entry) {
@@ -306,7 +306,7 @@ extension Filesystem {
         // that version's pages and size until the handle has aged past it (a shorter size under
         // a fresh mmap would be SIGBUS: ReplacedFileTests), then drops them.
         let noticedAt = now()
-        let latest = state.withLock { $0.handles.latestOpen(of: Set(changed)) }
+        let latest = files.withLock { $0.handles.latestOpen(of: Set(changed)) }
         for child in changed {
             let wait = (latest[child] ?? -.infinity) + configuration.attributeCacheSeconds + 0.05 - noticedAt
             if wait <= 0 {
@@ -341,7 +341,7 @@ extension Filesystem {
     /// The files made here that the poll's listing lacks and a HEAD finds gone (subtlety 5):
     /// the listing is right, another client removed them. At most `pollChecksPerTick` HEADs.
     private func confirmAgainstJournal(_ directory: Node, _ listed: EntryTable, _ reader: DirectoryReader) -> Set<ExactString> {
-        let disputed = state.withLock { s in
+        let disputed = names.withLock { s in
             s.directories.madeHereButNotListed(directory.inode, by: listed, startedAt: reader.startedAt)
         }
         var confirmed = Set<ExactString>()

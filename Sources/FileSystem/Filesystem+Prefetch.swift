@@ -8,13 +8,13 @@ import ObjectStore
 import Synchronization
 
 // The filesystem as the host of the namespace room's background HEADs (`BackgroundHeads` in
-// FSNamespace): the node tables under `state` they read and write, and the calls the rest of the
+// FSNamespace): the node tables under `names` they read and write, and the calls the rest of the
 // facade makes, with `self` as the host.
 extension Filesystem {
     var metadataIndex: MetadataIndex? { configuration.metadataIndex }
 
     package func nodes(of entries: [DirectoryEntry], in parent: InodeNumber) -> [ExactString: InodeNumber] {
-        state.withLock { s in
+        names.withLock { s in
             var targets: [ExactString: InodeNumber] = [:]
             for entry in entries {
                 if let node = s.inodes.child(parent, entry.name), node.kind == entry.kind { targets[entry.name.exact] = node.inode }
@@ -29,11 +29,11 @@ extension Filesystem {
     /// Hence the check that the name still leads to the same node.
     package func applyPrefetched(_ job: PrefetchJob, answer: HeadAnswer) {
         let entry = job.entry
-        state.withLock { s in
+        withTables { s, f in
             // The node the listed name leads to now, if it is the node the HEAD was asked for
             // and still describes the listed object.
             guard let node = s.inodes.child(job.parent, entry.name), node.inode == job.inode, node.kind == entry.kind,
-                node.key.isSameKey(as: entry.key), s.openFiles[node.inode] == nil
+                node.key.isSameKey(as: entry.key), f.openFiles[node.inode] == nil
             else { return }
             s.inodes.update(node.inode) { node in
                 switch entry.kind {

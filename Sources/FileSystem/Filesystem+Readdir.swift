@@ -20,8 +20,8 @@ extension Filesystem {
     public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
-        return state.withLock { s in
-            s.handles.open(OpenDirectory())
+        return names.withLock { s in
+            s.directoryHandles.open(OpenDirectory())
         }
     }
 
@@ -29,7 +29,7 @@ extension Filesystem {
     /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
     func directoryReader(_ directory: Node) -> DirectoryReader {
         noteReaddir(of: directory)
-        let remembered: (PackedEntries, askedAt: UInt64, count: UInt64)? = state.withLock { s in
+        let remembered: (PackedEntries, askedAt: UInt64, count: UInt64)? = names.withLock { s in
             guard
                 let listing = s.directories.listing(
                     directory.inode, now: now(), maximumAge: configuration.directoryCacheSeconds)
@@ -89,7 +89,7 @@ extension Filesystem {
                     nameOnly = true
                 }
             }
-            let linked: (String, NodeKind, Attributes?)? = state.withLock { s in
+            let linked: (String, NodeKind, Attributes?)? = withTables { s, f in
                 switch item {
                 case .dot: return nil
                 case .listed(let entry, let listedAt, let since):
@@ -97,16 +97,16 @@ extension Filesystem {
                     // (or this mount's journaled entry of the create) says, even another kind of
                     // object (a write-back rename over it, not stored yet).
                     if let local = s.inodes.child(inode, entry.name), local.kind == .file,
-                        let attributes = lookUpSpooled(local.inode, in: &s)
+                        let attributes = lookUpSpooled(local.inode, in: &s, &f)
                     {
                         return (entry.name, .file, attributes)
                     }
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0), !nameOnly else { return nil }
                     // nil: the listing is older than a change made here (the kernel looks it up).
-                    let attributes = try? link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
+                    let attributes = try? link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s, &f)
                     return (entry.name, attributes?.kind ?? entry.kind, attributes)
                 case .local(let name, let child):
-                    return lookUpSpooled(child, in: &s).map { (name, .file, $0) }
+                    return lookUpSpooled(child, in: &s, &f).map { (name, .file, $0) }
                 }
             }
             if let (name, kind, attributes) = linked, let attributes {
@@ -125,7 +125,7 @@ extension Filesystem {
     }
 
     func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
-        guard var open = state.withLock({ $0.handles.directory(handle) }) else {
+        guard var open = names.withLock({ $0.directoryHandles[handle] }) else {
             throw FSError(.invalidArgument, "unknown directory handle \(handle)")
         }
         let reader: DirectoryReader
@@ -135,14 +135,14 @@ extension Filesystem {
             // opendir too, so opendir takes no listing.
             reader = directoryReader(try node(inode))
             open.reader = reader
-            state.withLock { s in
-                s.handles.update(handle, open)
+            names.withLock { s in
+                s.directoryHandles.replace(handle, with: open)
                 if !reader.isRemembered { s.readers[inode] = (reader, now()) }
             }
         } else {
             reader = open.reader!
         }
-        let parent = state.withLock { s in
+        let parent = names.withLock { s in
             s.directories.touch(inode)
             s.directories.noteNamesUsed(inode, now: now())
             // A reader still being read serves lookups (`State.readers`): `ls -l` of 200 000
@@ -168,8 +168,8 @@ extension Filesystem {
 
     /// The attributes of a file with a spool (its bytes not all stored: the spool describes it,
     /// not the server), counting one kernel lookup; nil without a spool.
-    func lookUpSpooled(_ inode: InodeNumber, in s: inout State) -> Attributes? {
-        guard var node = s.inodes[inode], let open = s.openFiles[inode] else { return nil }
+    func lookUpSpooled(_ inode: InodeNumber, in s: inout NamespaceTables, _ f: inout FileTables) -> Attributes? {
+        guard var node = s.inodes[inode], let open = f.openFiles[inode] else { return nil }
         s.inodes.countLookup(inode)
         node.size = open.size
         return attributes(of: node)
@@ -181,12 +181,12 @@ extension Filesystem {
     func shownInode(
         _ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil
     ) -> (kind: NodeKind, inode: InodeNumber) {
-        state.withLock { s in
+        withTables { s, f in
             let child = s.inodes.child(directory, name) ?? local.flatMap { s.inodes[$0] }
             // A file being written here is what the name shows, whatever kind of object the store
             // still has there (a write-back rename over it, not stored yet). A node of another
             // kind is the name's old object: a lookup makes a new one.
-            if let node = child, node.kind == kind || (node.kind == .file && s.openFiles[node.inode] != nil) {
+            if let node = child, node.kind == kind || (node.kind == .file && f.openFiles[node.inode] != nil) {
                 // One the kernel holds no lookup of may go before the lookup that follows (its
                 // upload ends, the spool retires): the next node for the name takes its number.
                 if node.lookups == 0 { s.directories.reserve(directory, name, node.inode) }
@@ -213,8 +213,8 @@ extension Filesystem {
             let listed = reader.isRemembered ? nil : EntryTable(entries)
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
-            return state.withLock { s in
-                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
+            return withTables { s, f in
+                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s, &f) }
                 // What the reader's entries show, and what this mount recorded that they lack:
                 // a fresh listing's table has the changes; a remembered listing's entries are
                 // as the reader took them, and what was recorded since is added here (an upload
@@ -232,9 +232,9 @@ extension Filesystem {
                     shown[name] == nil && !recordedNames.contains(name) && !(table?.listed(name) ?? false)
                 }
                 // (Open files first: a directory of 200 000 names has as many children to look up.)
-                let children = s.openFiles.isEmpty ? [] : s.inodes.children(of: inode)
-                let open = children.filter { s.openFiles[$0.inode] != nil && lacks($0.name) }
-                let writing = children.isEmpty ? [] : directoriesHoldingFilesBeingWritten(in: s)
+                let children = f.openFiles.isEmpty ? [] : s.inodes.children(of: inode)
+                let open = children.filter { f.openFiles[$0.inode] != nil && lacks($0.name) }
+                let writing = children.isEmpty ? [] : directoriesHoldingFilesBeingWritten(in: s, f)
                 let holding = children.compactMap { child -> DirectoryEntry? in
                     guard writing.contains(child.inode), lacks(child.name), let node = s.inodes[child.inode] else { return nil }
                     return DirectoryBuilder.directory(child.name.string, key: node.key)
@@ -254,11 +254,11 @@ extension Filesystem {
     }
 
     public func releasedir(handle: UInt64) {
-        state.withLock { s in
-            if let reader = s.handles.directory(handle)?.reader {
+        names.withLock { s in
+            if let reader = s.directoryHandles[handle]?.reader {
                 for (inode, current) in s.readers where current.reader === reader { s.readers[inode] = nil }
             }
-            s.handles.closeDirectory(handle)
+            _ = s.directoryHandles.close(handle)
         }
     }
 
@@ -284,7 +284,7 @@ extension Filesystem {
     }
 
     /// Records a change we made in the remembered listing of `parent` (nil entry = removed).
-    func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout State) {
+    func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout NamespaceTables) {
         s.directories.record(parent, name: name, entry: entry, now: now())
     }
 
@@ -293,7 +293,7 @@ extension Filesystem {
     /// alone). `comparingTimes`: the modification time too, for a node this mount changed;
     /// not for one the kernel forgets, since other tools' objects carry their time in a header
     /// only a HEAD shows, and every such node would be recorded as changed here.
-    func correctListing(describing node: Node, comparingTimes: Bool, in s: inout State) {
+    func correctListing(describing node: Node, comparingTimes: Bool, in s: inout NamespaceTables) {
         guard let listing = s.directories.anyListing(node.parent), !listing.dropped,
             let listed = listing.entries[node.name.exact]
         else { return }
@@ -306,7 +306,7 @@ extension Filesystem {
     }
 
     /// Records what we stored for `node` in its directory's listing, if a name still leads to it.
-    func updateListing(describing node: Node, in s: inout State) {
+    func updateListing(describing node: Node, in s: inout NamespaceTables) {
         guard s.inodes.child(node.parent, node.name)?.inode == node.inode else { return }
         s.directories.record(node.parent, name: node.name, entry: entry(for: node), now: now())
     }

@@ -46,7 +46,7 @@ extension Filesystem {
             forgetPrefetched(
                 keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
                 prefixes: source.kind == .directory ? [source.key, newKey] : [])
-            let finish = { [self] (s: inout State) -> Void in
+            let finish = { [self] (s: inout NamespaceTables) -> Void in
                 updateListing(parent, name: name, entry: nil, in: &s)
                 if s.inodes.child(parent, name)?.inode == source.inode {
                     s.inodes.update(source.inode) { $0.changedAt = Timestamp.now() }
@@ -87,9 +87,9 @@ extension Filesystem {
     }
 
     func renameFile(
-        _ source: Node, to key: String, replacing existing: Node?, finish: (inout State) -> Void
+        _ source: Node, to key: String, replacing existing: Node?, finish: (inout NamespaceTables) -> Void
     ) throws(FSError) {
-        let (sourceSpool, replacedSpool) = state.withLock { s in
+        let (sourceSpool, replacedSpool) = files.withLock { s in
             (s.openFiles[source.inode], existing.flatMap { s.openFiles[$0.inode] })
         }
         let inodes = [source.inode] + (existing.map { [$0.inode] } ?? [])
@@ -109,13 +109,13 @@ extension Filesystem {
     /// nothing. Called holding the spool's upload lock. Returns whether it did.
     func renameQueued(
         _ source: Node, _ spool: SpoolFile, replacing existing: Node?, replacedSpool: SpoolFile?,
-        finish: (inout State) -> Void
+        finish: (inout NamespaceTables) -> Void
     ) -> Bool {
         // Nothing stored at the source's key either (a queued file renamed over a stored one
         // replaces it only at its upload: its old name still holds that object).
         guard configuration.writeBack, replacedSpool == nil,
             spool.state.withLock({ $0.isQueued && $0.baseETag.isEmpty }),
-            state.withLock({ $0.inodes[source.inode]?.etag.isEmpty }) == true
+            names.withLock({ $0.inodes[source.inode]?.etag.isEmpty }) == true
         else { return false }
         if let existing {
             // The replaced object stays until the upload overwrites it: the upload checks it is
@@ -123,17 +123,17 @@ extension Filesystem {
             guard existing.manifest == nil, existing.size > 0, !existing.etag.isEmpty else { return false }
             spool.state.withLock { $0.baseETag = existing.etag }
         }
-        state.withLock { s in finish(&s) }
+        names.withLock { s in finish(&s) }
         // Not synced: a rename is durable at the next fsync of its directory (as on a local
         // disk), or the next synced note (WriteBack subtlety 5).
         journal(spool, sync: false)
-        if let node = state.withLock({ $0.inodes[source.inode] }) { transfers.move(source.inode, to: node.key) }
+        if let node = names.withLock({ $0.inodes[source.inode] }) { transfers.move(source.inode, to: node.key) }
         return true
     }
 
     func renameFileHeld(
         _ source: Node, to key: String, replacing existing: Node?, sourceSpool: SpoolFile?, replacedSpool: SpoolFile?,
-        finish: (inout State) -> Void
+        finish: (inout NamespaceTables) -> Void
     ) throws(FSError) {
         if let sourceSpool, renameQueued(source, sourceSpool, replacing: existing, replacedSpool: replacedSpool, finish: finish) {
             return
@@ -145,7 +145,7 @@ extension Filesystem {
             oldManifest = (try? store.head(key: existing.key))?.manifest
         }
         // The node as it is now (the commit above may have stored it).
-        let current = state.withLock { $0.inodes[source.inode] } ?? source
+        let current = names.withLock { $0.inodes[source.inode] } ?? source
         var newManifest: String? = nil
         // Owed attributes ride on the copy (which then stores them); otherwise it keeps the source's own.
         // An object without a stored mtime (another tool's) keeps the time it showed, not the
@@ -177,7 +177,7 @@ extension Filesystem {
                 if current.attributesOwed && info.etag != current.etag {
                     // Another client replaced the object since the change: it keeps theirs.
                     form = nil
-                    state.withLock { s in _ = s.inodes.update(source.inode) { apply(info, askedAt: askedAt, to: &$0) } }
+                    names.withLock { s in _ = s.inodes.update(source.inode) { apply(info, askedAt: askedAt, to: &$0) } }
                 } else if current.attributesOwed || keepsTime {
                     let owed = storedForm(of: shown, over: info)
                     (info.contentType, info.metadata) = owed
@@ -206,7 +206,7 @@ extension Filesystem {
         }
         // POSIX: the replaced file's data is gone; its writers keep a file no name leads to.
         if let replacedSpool { markRemoved(replacedSpool) }
-        state.withLock { s in
+        names.withLock { s in
             if let newManifest { s.inodes.update(source.inode) { $0.manifest = newManifest } }
             if keepsTime, form != nil {
                 s.inodes.update(source.inode) { node in
@@ -296,15 +296,15 @@ extension Filesystem {
     /// Moves every key below `directory`'s prefix below `destination`, then the markers. Every
     /// spool below it is stored first and held (no upload under the old prefix meanwhile).
     func renameDirectory(
-        _ directory: Node, to destination: String, replacing existing: Node?, finish: (inout State) -> Void
+        _ directory: Node, to destination: String, replacing existing: Node?, finish: (inout NamespaceTables) -> Void
     ) throws(FSError) {
         let source = directory.key
         // Owed attributes below go first: the copies below keep what the server has.
         if let failed = storeOwedAttributes(below: source).first {
             throw FSError(.ioError, "rename '\(source)': the attributes of '\(failed)' cannot be stored now; try again")
         }
-        let spools: [SpoolFile] = state.withLock { s in
-            s.openFiles.values.filter { open in s.inodes[open.inode].map { $0.key.utf8.starts(with: source.utf8) } ?? false }
+        let spools: [SpoolFile] = withTables { s, f in
+            f.openFiles.values.filter { open in s.inodes[open.inode].map { $0.key.utf8.starts(with: source.utf8) } ?? false }
         }
         try withUploadsHeld(spools) { () throws(FSError) in
             for open in spools { try commitLocked(open) }
@@ -374,7 +374,7 @@ extension Filesystem {
             } catch {
                 throw FSError(storeError: error, operation: "rename (partly done)", path: source)
             }
-            state.withLock { finish(&$0) }
+            names.withLock { finish(&$0) }
         }
     }
 }

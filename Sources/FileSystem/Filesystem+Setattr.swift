@@ -30,15 +30,15 @@ extension Filesystem {
             let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
             // Another tool's version no HEAD has described yet: its headers' mtime, not the
             // listing's, is what the change keeps (the store's POST replaces them all).
-            if metadataChanged, let current = state.withLock({ $0.inodes[inode] }), current.linked, awaitsHead(current) {
+            if metadataChanged, let current = names.withLock({ $0.inodes[inode] }), current.linked, awaitsHead(current) {
                 _ = try refresh(current)
             }
             if let accessed = changes.accessed {
                 // Kept by this mount only: the store has no access time.
-                state.withLock { s in _ = s.inodes.update(inode) { $0.accessedAt = accessed; $0.changedAt = Timestamp.now() } }
+                names.withLock { s in _ = s.inodes.update(inode) { $0.accessedAt = accessed; $0.changedAt = Timestamp.now() } }
             }
             if metadataChanged {
-                let updated: Node = state.withLock { s in
+                let updated: Node = names.withLock { s in
                     s.inodes.update(inode) { n in
                         if let mode = changes.mode { n.stored.mode = mode & 0o7777 }
                         if let uid = changes.uid { n.stored.uid = uid }
@@ -53,7 +53,7 @@ extension Filesystem {
                 }
                 // A file whose bytes are all stored (closed, or its release not yet come: rsync's
                 // chmod right after close) owes the change; one with unstored bytes stores it with them.
-                let unstored = state.withLock { $0.openFiles[inode] }.map { open in open.state.withLock { $0.isDirty } } ?? false
+                let unstored = files.withLock { $0.openFiles[inode] }.map { open in open.state.withLock { $0.isDirty } } ?? false
                 if defersAttributes(of: updated) && !unstored {
                     oweAttributes(inode)
                 } else if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
@@ -68,7 +68,7 @@ extension Filesystem {
     /// with the data.
     func touch(_ inode: InodeNumber) {
         let now = Timestamp.now()
-        _ = state.withLock { s in
+        _ = names.withLock { s in
             s.inodes.update(inode) { node in
                 node.stored.mtime = now
                 node.changedAt = now
@@ -97,7 +97,7 @@ extension Filesystem {
     /// (rsync's generator and receiver) cannot store an older state last.
     func persistAttributes(of original: Node) throws(FSError) {
         try attributeLock(original.inode).withLock { () throws(FSError) in
-            guard let node = state.withLock({ $0.inodes[original.inode] }) else { return }
+            guard let node = names.withLock({ $0.inodes[original.inode] }) else { return }
             try persistAttributesLocked(node)
         }
     }
@@ -112,7 +112,7 @@ extension Filesystem {
                 try postHoldingUploads(node.inode) { () throws(ObjectStoreError) in
                     // An upload that ended while this waited stored another version: its
                     // manifest is the one to keep, which only a HEAD says for sure.
-                    let current = state.withLock { $0.inodes[node.inode] } ?? node
+                    let current = names.withLock { $0.inodes[node.inode] } ?? node
                     let info = current.etag == node.etag ? nil : try store.head(key: node.key)
                     try store.setMetadata(
                         key: node.key,
@@ -148,7 +148,7 @@ extension Filesystem {
             throw FSError(storeError: error, operation: "set attributes of", path: node.key)
         }
         let stored = storeClock.tick()
-        state.withLock { s in
+        names.withLock { s in
             let current = s.inodes.update(node.inode) {
                 $0.acknowledge(at: stored, version: node.attributeVersion)
                 $0.confirmedAt = now()

@@ -42,7 +42,7 @@ extension Filesystem {
     func queueUpload(_ open: SpoolFile) throws(FSError) {
         let snapshot = open.state.withLock { $0 }
         try Self.requireNoWriteFailure(snapshot)
-        guard snapshot.needsUpload, let node = state.withLock({ $0.inodes[open.inode] }) else { return }
+        guard snapshot.needsUpload, let node = names.withLock({ $0.inodes[open.inode] }) else { return }
         if snapshot.syncedGeneration != snapshot.generation || snapshot.changesInProgress > 0 {
             try open.usingDescriptor { (fd) throws(FSError) in
                 guard fdatasync(fd) == 0 else {
@@ -71,7 +71,7 @@ extension Filesystem {
         let limit = configuration.writeBackMaxBytes
         while !transfers.hasRoom(limit: limit, for: open.inode) {
             let oldest: SpoolFile? = transfers.queuedInodes.lazy.compactMap { inode in
-                self.state.withLock { $0.openFiles[inode] }
+                self.files.withLock { $0.openFiles[inode] }
             }.first { $0.state.withLock { $0.isQueued } }
             if let oldest {
                 uploadQueued(oldest)
@@ -101,7 +101,7 @@ extension Filesystem {
         if open.state.withLock({ $0.requeue() }) {
             // Flushed again during the upload: queued again (the upload left the note naming
             // the version it stored as the base).
-            if let node = state.withLock({ $0.inodes[open.inode] }) {
+            if let node = names.withLock({ $0.inodes[open.inode] }) {
                 transfers.recordQueued(open.inode, key: node.key, size: open.size, in: 0)
             }
             scheduleQueuedUpload(open, after: 0)
@@ -123,7 +123,7 @@ extension Filesystem {
     /// `journal`, for a caller that holds the spool's `noteLock` (`note`: what it guards).
     @discardableResult
     func journalHeld(_ open: SpoolFile, note: inout SpoolFile.WrittenNote?, sync: Bool = true) -> Bool {
-        guard let node = state.withLock({ $0.inodes[open.inode] }) else { return false }
+        guard let node = names.withLock({ $0.inodes[open.inode] }) else { return false }
         let (owed, base) = open.state.withLock { ($0.needsUpload, $0.baseETag) }
         guard owed else { return false }
         let (contentType, metadata) = storedForm(of: node)

@@ -19,7 +19,7 @@ import Glibc
 // Every lock of the FileSystem module, in the order they may be taken (a lock may be taken while
 // holding only locks above it):
 //   1. `attributeLocks[inode % 64]` (SerialLock): serialises one node's attribute HEAD + POST
-//      (which wait for the file's uploads counted in `State.uploading`, `postHoldingUploads`;
+//      (which wait for the file's uploads counted in `FileTables.uploading`, `postHoldingUploads`;
 //      `commit` counts itself under this lock), the store of its owed attributes and its
 //      attribute note. HELD ACROSS NETWORK I/O on
 //      purpose. Several are held at once only by `withAttributesHeld` (a file rename), in stripe
@@ -31,16 +31,21 @@ import Glibc
 //   2b. `SpoolFile.noteLock` (Locked, one per spool): a spool's journal note and what it says
 //      (node, state) written or removed together. HELD ACROSS LOCAL DISK I/O (the note's write
 //      and fsync), never network I/O; takes 3 and 4 inside, never 1 or 2.
-//   3. `state` (Locked<State>): the inode table, directory cache, handles and spools. Never held
-//      across I/O (network, SQLite, spool files) or a FUSE reply.
-//   4. `SpoolFile.state` (Locked): one spool's counters; taken inside `state` (attach, retire) or alone.
+//   3. `names` (Locked<NamespaceTables>, the namespace room's tables): the inode table, directory
+//      cache, readers, directory handles and the bound. Never held across I/O (network, SQLite,
+//      spool files) or a FUSE reply.
+//   3b. `files` (Locked<FileTables>, the files room's tables): file handles, spools by inode,
+//      uploads under way. Taken alone, or inside `names` by `withTables` only (one look at a node
+//      and its spool: the facade is the only code that takes both). Never held across I/O.
+//   4. `SpoolFile.state` (Locked): one spool's counters; taken inside 3 or 3b (attach, retire,
+//      a spool's size) or alone.
 //   5. `SpoolFile.descriptor` (Locked): the spool's descriptor and its users; taken inside 4
 //      (closing a waiting spool's descriptor) or alone (a read or write gets the descriptor; the
 //      I/O itself runs outside the lock).
-//   6. `backgroundHeads.heads` (Locked, FSNamespace's `BackgroundHeads`): the background HEAD table. Never taken together with `state`.
+//   6. `backgroundHeads.heads` (Locked, FSNamespace's `BackgroundHeads`): the background HEAD table. Never taken together with 3 or 3b.
 //   6b. `listingsAhead.ahead` (Locked, FSNamespace's `ListingsAhead`): listings ahead and walk
 //      listings; a walk listing's `scan` is taken inside it, or alone. Never taken together with
-//      `state` or `prefetch` (what it needs of them, `ListingsAheadHost`, is asked outside it).
+//      3, 3b or 6 (what it needs of them, `ListingsAheadHost`, is asked outside it).
 //   7. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
 //      and its blocks, `EarlyParts.state`, `KernelCache`, the block cache's own.
 // No lock of this module is held while calling into the FUSE layer.
@@ -51,8 +56,8 @@ import Glibc
 ///
 /// Subtleties:
 /// 1. Nodes, names and lookup counts belong to `InodeTable`; listings to `DirectoryCache`; open
-///    handles to `HandleTable`; each spool's life to `SpoolState`. The tables
-///    are value types in `State`, and no other code writes them.
+///    handles to `FileHandles` and `DirectoryHandles`; each spool's life to `SpoolState`. The tables
+///    are value types in the rooms' `NamespaceTables` and `FileTables`, and no other code writes them.
 /// 2. A complete directory listing is remembered for `directoryCacheSeconds` and answers lookups
 ///    in that directory, which is what makes `ls -l` cost one listing instead of a HEAD per entry.
 ///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
@@ -88,51 +93,10 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
     /// Uploads running and owed (`mount.cssp --status`).
     public let transfers: Transfers
 
-    /// An open directory: the listing its readdir reads, taken at offset 0 (the first readdir,
-    /// or after `rewinddir`, which must show the directory as it is then); nil before.
-    struct OpenDirectory {
-        var reader: DirectoryReader? = nil
-    }
-
-    enum Handle {
-        /// A read-only handle on an object that nobody was writing through this mount at open.
-        case remote(FileReader, InodeNumber, localVersion: UInt64)
-        /// A handle on the spool of a file open for writing (or not yet stored).
-        case spool(SpoolFile, writable: Bool)
-    }
-
-    struct State {
-        var inodes: InodeTable
-        var directories: DirectoryCache
-        var handles = HandleTable()
-        /// Spools by inode: files open for writing, and closed files whose upload is pending.
-        var openFiles: [InodeNumber: SpoolFile] = [:]
-        var statistics: (value: FilesystemStatistics, at: Double)?
-        /// Uploads under way per inode, with a group left when the last ends (`commit`; an
-        /// attribute POST waits for them, `postHoldingUploads`).
-        var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
-        /// Passes asking the kernel to forget names (`Filesystem+Bound`).
-        var bound = BoundState()
-        /// The listing a readdir reads from the server, by directory, and when a readdir or a
-        /// lookup last used it, until its handle is closed or another readdir replaces it: a
-        /// lookup of a name it showed takes the entry from it while it is in use, up to
-        /// `dir_timeout` after the last use, when no remembered listing is fresh. `ls -l` of
-        /// 200 000 names stats each as it reads, 6 000 names a getdents, and stats the last
-        /// 6 000 after the listing is complete and remembered: longer than `dir_timeout` when
-        /// each needs a HEAD.
-        var readers: [InodeNumber: (reader: DirectoryReader, at: Double)] = [:]
-
-        /// Drops the listings of directories the inode table no longer holds, and keeps the
-        /// numbers of names whose nodes the kernel forgot for their next nodes (readdir may have
-        /// shown them: d_ino = st_ino).
-        mutating func sweep() {
-            for directory in inodes.takeRemovedDirectories() { directories.remove(directory) }
-            for (parent, name, inode) in inodes.takeForgottenNames() { directories.reserveForgotten(parent, name, inode) }
-        }
-    }
-
-    /// Protects every table above (lock 3 of the LOCKING block at the top of this file).
-    let state: Locked<State>
+    /// The namespace room's tables (lock 3 of the LOCKING block at the top of this file).
+    package let names: Locked<NamespaceTables>
+    /// The files room's tables (lock 3b): taken alone, or inside `names` (`withTables`).
+    package let files = Locked(FileTables())
     /// Stores fetched bytes in the kernel's page cache (installed by the FUSE layer).
     public let kernelCache = KernelCache()
     /// The threads of all background work (see `BackgroundPool`).
@@ -196,8 +160,8 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
         self.recovered = recovered
         self.store = JournaledStore(raw, deletes: deletes, recovered: recovered)
         recoveryStore = JournaledStore(raw, deletes: deletes)
-        state = Locked(
-            State(
+        names = Locked(
+            NamespaceTables(
                 inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
                 directories: DirectoryCache(
                     journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds),
@@ -207,12 +171,12 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
         registry.gauge("cssp_pending_deletes", help: "Deletes journaled by write-back and not yet sent.") {
             Double(deletes.backlog().count)
         }
-        let state = self.state
+        let names = self.names
         registry.gauge("cssp_cached_entries", help: "Names whose attributes the mount keeps (the kernel holds them, or a spool).") {
-            Double(state.withLock { $0.inodes.nodes.count })
+            Double(names.withLock { $0.inodes.nodes.count })
         }
         registry.gauge("cssp_remembered_names", help: "Names in the directory listings the mount remembers.") {
-            Double(state.withLock { $0.directories.rememberedNames })
+            Double(names.withLock { $0.directories.rememberedNames })
         }
         let listingsAhead = self.listingsAhead
         registry.gauge(
@@ -234,6 +198,12 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
             Double(transfers.owed.count + recovered.count)
         }
         recovered.install { [weak self] item throws(ObjectStoreError) in try self?.storeRecovered(item) }
+    }
+
+    /// Runs `body` with both rooms' tables, for one look at both (a file with a spool is
+    /// described by its spool): `names`, then `files` inside it (locks 3 and 3b).
+    func withTables<T, E: Error>(_ body: (inout NamespaceTables, inout FileTables) throws(E) -> T) throws(E) -> T {
+        try names.withLock { (n) throws(E) -> T in try files.withLock { (f) throws(E) -> T in try body(&n, &f) } }
     }
 
     /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
@@ -270,7 +240,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
     }
 
     func node(_ inode: InodeNumber) throws(FSError) -> Node {
-        guard let node = state.withLock({ $0.inodes[inode] }) else {
+        guard let node = names.withLock({ $0.inodes[inode] }) else {
             throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)")
         }
         return node
@@ -279,7 +249,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
         // The node and its spool in one look: a spool retired in between (its upload just stored
         // the file) would leave a node read before the upload updated it.
-        let (known, open) = state.withLock { s in (s.inodes[inode], s.openFiles[inode]) }
+        let (known, open) = withTables { s, f in (s.inodes[inode], f.openFiles[inode]) }
         guard var node = known else { throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)") }
         if let open {
             node.size = open.size
@@ -312,7 +282,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
         } catch {
             throw FSError(storeError: error, operation: "stat", path: node.key)
         }
-        return state.withLock { s in
+        return names.withLock { s in
             s.inodes.update(node.inode) { apply(info, askedAt: askedAt, to: &$0) } ?? node
         }
     }
@@ -343,7 +313,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
     }
 
     public func statistics() -> FilesystemStatistics {
-        if let cached = state.withLock({ $0.statistics }), now() - cached.at < 10 { return cached.value }
+        if let cached = names.withLock({ $0.statistics }), now() - cached.at < 10 { return cached.value }
         let blockSize: UInt64 = 4096
         // An object store has no fixed size: report 1 PiB, minus what the container uses.
         let total: UInt64 = (1 << 50) / blockSize
@@ -356,7 +326,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
         let value = FilesystemStatistics(
             blockSize: blockSize, totalBlocks: total, freeBlocks: total - min(used, total),
             totalInodes: 1 << 32, freeInodes: (1 << 32) - min(objects, 1 << 32), maximumNameLength: 255)
-        state.withLock { $0.statistics = (value, now()) }
+        names.withLock { $0.statistics = (value, now()) }
         return value
     }
 }

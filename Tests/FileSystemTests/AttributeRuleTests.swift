@@ -100,7 +100,7 @@ struct AttributeRuleTests {
         _ = try fs.setattr(file.inode, AttributeChanges(mode: 0o600))
         fs.forget(file.inode, count: 1)
         #expect(fs.storeOwedAttributes().isEmpty)
-        #expect(fs.state.withLock { $0.inodes[file.inode] } == nil, "the node went with its last pin")
+        #expect(fs.names.withLock { $0.inodes[file.inode] } == nil, "the node went with its last pin")
         clock.advance(2)
         #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600)
     }
@@ -262,7 +262,7 @@ struct AttributeRuleTests {
         #expect(store.object("f")?.contentType.contains("cssp-mode=0600") == true)
         fs.release(handle: held)
         fs.forget(file.inode, count: 1)
-        #expect(fs.state.withLock { $0.inodes[file.inode] } == nil)
+        #expect(fs.names.withLock { $0.inodes[file.inode] } == nil)
         #expect(try fs.lookup(parent: root, name: "f").permissions == 0o600)
     }
 
@@ -285,7 +285,7 @@ struct AttributeRuleTests {
         clock.advance(2)  // beyond attr_timeout, within dir_timeout
         #expect(try fs.getattr(inode).size == 18)  // a HEAD
         fs.forget(inode, count: 1)
-        #expect(fs.state.withLock { $0.inodes[inode] } == nil)
+        #expect(fs.names.withLock { $0.inodes[inode] } == nil)
         let again = try fs.lookup(parent: root, name: "f")
         #expect(again.size == 18)
         #expect(again.permissions == 0o644)

@@ -98,7 +98,7 @@ struct BoundTests {
         }
     }
 
-    func nodeCount(_ fs: Filesystem) -> Int { fs.state.withLock { $0.inodes.nodes.count } }
+    func nodeCount(_ fs: Filesystem) -> Int { fs.names.withLock { $0.inodes.nodes.count } }
 
     /// `ls -l` of three directories of 40 files with a bound of 50: the kernel is asked to
     /// forget files of the directory used longest ago first, never a directory, and once it has,
@@ -180,7 +180,7 @@ struct BoundTests {
         let askedInD1 = Set(kernel.everAsked.withLock { $0 }[askedBefore...].filter { $0.parent == d1 }.map(\.name))
         #expect(askedInD1.count >= 10)
         #expect(askedInD1.isDisjoint(with: ["f1", "f2", "f3"]))
-        for inode in [reading, writing, owing] { #expect(fs.state.withLock { $0.inodes[inode] } != nil) }
+        for inode in [reading, writing, owing] { #expect(fs.names.withLock { $0.inodes[inode] } != nil) }
         #expect(try fs.getattr(owing).permissions == 0o600)
         fs.release(handle: reader)
         try fs.flush(handle: writer)
@@ -215,9 +215,9 @@ struct BoundTests {
         #expect(shown["f1"] == file)
         // Another directory's listing: past a bound of 4 names, d's goes.
         #expect(try fs.names(in: try fs.lookup(parent: root, name: "e").inode).count == 3)
-        #expect(fs.state.withLock { $0.directories.listing(directory, now: fs.now(), maximumAge: 5) == nil } == (maximumEntries > 0))
+        #expect(fs.names.withLock { $0.directories.listing(directory, now: fs.now(), maximumAge: 5) == nil } == (maximumEntries > 0))
         fs.forget(file, count: 1)
-        #expect(fs.state.withLock { $0.inodes[file] } == nil)
+        #expect(fs.names.withLock { $0.inodes[file] } == nil)
         for name in ["f0", "f1", "f2"] { #expect(try fs.lookup(parent: directory, name: name).inode == shown[name], "\(name)") }
     }
 

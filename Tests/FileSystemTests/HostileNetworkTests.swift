@@ -43,7 +43,7 @@ struct HostileNetworkTests {
         let opened = try fs.open(f.inode, writable: true, truncate: true)
         try write(fs, opened.handle, "a new beginning")
         // From now on the spool's writes fail as on a full disk (/dev/full answers ENOSPC).
-        let spoolDescriptor = try #require(fs.state.withLock { $0.openFiles[f.inode]?.fd })
+        let spoolDescriptor = try #require(fs.files.withLock { $0.openFiles[f.inode]?.fd })
         let full = Glibc.open("/dev/full", O_WRONLY)
         #expect(dup2(full, spoolDescriptor) == spoolDescriptor)
         Glibc.close(full)
@@ -53,7 +53,7 @@ struct HostileNetworkTests {
         #expect(closeError?.code == .noSpace)
         fs.release(handle: opened.handle)
         #expect(store.object("f")?.bytes == Array("the previous version".utf8))
-        #expect(fs.state.withLock { $0.openFiles[f.inode] } == nil, "the spool is kept for an upload")
+        #expect(fs.files.withLock { $0.openFiles[f.inode] } == nil, "the spool is kept for an upload")
         let kept = (try? FileManager.default.contentsOfDirectory(atPath: spool + "/lost+found")) ?? []
         #expect(kept.count == 1, "the bytes written are not kept aside")
         #expect(!((try? FileManager.default.contentsOfDirectory(atPath: spool)) ?? []).contains { $0.hasSuffix(".pending") })
@@ -190,7 +190,7 @@ struct HostileNetworkTests {
             fs.release(handle: opened.handle)
             inodes.append(attributes.inode)
         }
-        let spools = fs.state.withLock { s in inodes.compactMap { s.openFiles[$0] } }
+        let spools = fs.files.withLock { s in inodes.compactMap { s.openFiles[$0] } }
         #expect(spools.count == 20, "every file is owed")
         #expect(spools.filter(\.isDescriptorOpen).isEmpty, "\(spools.filter(\.isDescriptorOpen).count) descriptors open")
         #expect(try fs.readWhole(inodes[3], chunk: 4) == Array("owed 3".utf8))

@@ -539,13 +539,13 @@ struct IntegrityTests {
         let first = try fs.open(f.inode, writable: true, truncate: false)
         // The spool's descriptor fails to truncate from now on, as on a disk error: it is made a
         // read-only /dev/null in place (never closed: another test may reuse a closed number).
-        let spoolDescriptor = try #require(fs.state.withLock { $0.openFiles[f.inode]?.fd })
+        let spoolDescriptor = try #require(fs.files.withLock { $0.openFiles[f.inode]?.fd })
         let null = Glibc.open("/dev/null", O_RDONLY)
         #expect(dup2(null, spoolDescriptor) == spoolDescriptor)
         Glibc.close(null)
         #expect(throws: FSError.self) { _ = try fs.open(f.inode, writable: true, truncate: true) }
         fs.release(handle: first.handle)
-        #expect(fs.state.withLock { $0.openFiles[f.inode] } == nil, "the spool is held by a handle that does not exist")
+        #expect(fs.files.withLock { $0.openFiles[f.inode] } == nil, "the spool is held by a handle that does not exist")
     }
 
     // MARK: Namespace operations under store failures (found by the reference model's faults)

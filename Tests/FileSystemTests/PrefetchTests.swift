@@ -242,7 +242,7 @@ struct PrefetchTests {
     func headOf(_ fs: Filesystem, _ store: FakeObjectStore, _ name: String, in parent: InodeNumber, entry: DirectoryEntry)
         throws -> (PrefetchJob, HeadAnswer)
     {
-        let node = fs.state.withLock { $0.inodes.child(parent, name) }
+        let node = fs.names.withLock { $0.inodes.child(parent, name) }
         let job = PrefetchJob(parent: parent, entry: entry, inode: node?.inode)
         let askedAt = fs.storeClock.tick()
         return (job, HeadAnswer(info: try store.head(key: entry.key), askedAt: askedAt))
@@ -296,7 +296,7 @@ struct PrefetchTests {
         let d = try fs.mkdir(parent: Filesystem.rootInode, name: "d", mode: 0o755, caller: Self.caller).inode
         _ = try fs.mknod(parent: d, name: "f", mode: 0o644, kind: .file, caller: Self.caller)
         let x = try fs.mknod(parent: Filesystem.rootInode, name: "x", mode: 0o600, kind: .file, caller: Self.caller).inode
-        let listed = try #require(fs.state.withLock { s in s.inodes.child(d, "f").map { fs.entry(for: $0) } })
+        let listed = try #require(fs.names.withLock { s in s.inodes.child(d, "f").map { fs.entry(for: $0) } })
         let (job, answer) = try headOf(fs, store, "f", in: d, entry: listed)
         try fs.rename(parent: Filesystem.rootInode, name: "x", newParent: d, newName: "f", noReplace: false)
         // Two empty objects: the same ETag, so the ETag check cannot tell them apart either.

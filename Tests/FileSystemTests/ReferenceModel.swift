@@ -140,7 +140,7 @@ final class KernelSimulator {
         }
         var forgotten = 0
         for (parent, name) in asked {
-            guard let inode = fs.state.withLock({ $0.inodes.child(parent, name)?.inode }), let count = lookups[inode] else { continue }
+            guard let inode = fs.names.withLock({ $0.inodes.child(parent, name)?.inode }), let count = lookups[inode] else { continue }
             for path in dentries.keys where dentries[path] == inode { dentries[path] = nil }
             guard !keeping.contains(inode) else { continue }
             fs.forget(inode, count: count)
