@@ -1,5 +1,6 @@
 import BlockCache
 import Metrics
+import ObjectStore
 
 /// Inode numbers as the kernel sees them. 1 is the root.
 public typealias InodeNumber = UInt64
@@ -254,5 +255,15 @@ package struct DirectoryEntry: Sendable, Equatable {
         // (Names and keys by their bytes: two spellings of "é" are two entries.)
         a.name.isSameKey(as: b.name) && a.kind == b.kind && a.key.isSameKey(as: b.key) && a.size == b.size && a.etag == b.etag
             && a.lastModified == b.lastModified && a.contentType == b.contentType
+    }
+}
+
+extension DirectoryEntry {
+    /// The entry a HEAD's answer describes, as a listing would show it.
+    package init(name: String, info: ObjectInfo) {
+        let base = StoredAttributes.parse(contentType: info.contentType).base
+        self.init(
+            name: name, kind: NodeKind.of(baseContentType: base), key: info.key,
+            size: info.size, etag: info.etag, lastModified: Timestamp(info.lastModified), contentType: info.contentType)
     }
 }

@@ -8,13 +8,7 @@ import ObjectStore
 /// What the background HEADs need of the filesystem around them: the store and its clock, the
 /// configuration (and its metadata index) and time, the pool, and the nodes the listed names
 /// lead to (read and written under the filesystem's own lock).
-package protocol BackgroundHeadsHost: Sendable {
-    var store: any ObjectStore { get }
-    var storeClock: StoreClock { get }
-    var configuration: FilesystemConfiguration { get }
-    var pool: BackgroundPool { get }
-    var logger: Logger { get }
-    func now() -> Double
+package protocol BackgroundHeadsHost: NamespaceHost {
     /// The nodes the names of `entries` (in `parent`) lead to now, where of the entry's kind.
     func nodes(of entries: [DirectoryEntry], in parent: InodeNumber) -> [ExactString: InodeNumber]
     /// Hands a recorded answer to the node it was asked for, if the name still leads there.

@@ -7,11 +7,7 @@ import ObjectStore
 /// What the listings ahead need of the filesystem around them: the store and its clock, the
 /// configuration and time, the namespace's tables (read under the filesystem's own lock), and
 /// the background HEADs of directory markers (`BackgroundHeads`).
-package protocol ListingsAheadHost: ListingResolver {
-    var store: any ObjectStore { get }
-    var storeClock: StoreClock { get }
-    var configuration: FilesystemConfiguration { get }
-    func now() -> Double
+package protocol ListingsAheadHost: NamespaceHost, ListingResolver {
     /// Of `directories`, subdirectories of `parent`, those whose own listing is not remembered
     /// and fresh at `now`.
     func withoutFreshListings(_ directories: [DirectoryEntry], in parent: InodeNumber, now: Double) -> [DirectoryEntry]

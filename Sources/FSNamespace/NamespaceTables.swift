@@ -1,4 +1,18 @@
 import FSCore
+import Logging
+import ObjectStore
+
+/// What every subsystem of the namespace room needs of the filesystem around it: the store (as
+/// the journal shows it) and its clock, the configuration, the time, the pool and the log. The
+/// filesystem conforms and passes itself with each call; no subsystem keeps a reference to it.
+package protocol NamespaceHost: Sendable {
+    var store: any ObjectStore { get }
+    var storeClock: StoreClock { get }
+    var configuration: FilesystemConfiguration { get }
+    var pool: BackgroundPool { get }
+    var logger: Logger { get }
+    func now() -> Double
+}
 
 /// The namespace room's tables: which names exist (the inode table), what listings said (the
 /// directory cache), the listings readdirs are reading, the open directory handles and the
@@ -43,7 +57,32 @@ package struct OpenDirectory {
     package init(reader: DirectoryReader? = nil) { self.reader = reader }
 }
 
-/// The bound's passes (`Filesystem+Bound`, rules 2 and 3 there).
+/// Metadata in bounded memory (issue 21, `meta_max_entries`). A node is kept for every name the
+/// kernel holds (InodeTable rule 1), and the kernel keeps what it looked up until memory runs
+/// short, so without a bound a walk of a huge container keeps every name it passed.
+///
+/// The rules:
+/// 1. Names in remembered listings: at most `maximumEntries` (DirectoryCache rule 5; the
+///    listings remembered longest ago go, the newest stays).
+/// 2. Nodes: past `maximumEntries`, the kernel is asked to forget names (the facade's `Filesystem+Bound`)
+///    until nine tenths are left: the files, symlinks and special files of the directories used
+///    longest ago first; never a directory, a file open here, or a node a spool or owed
+///    attributes pin (`InodeTable.forgettable`). The kernel forgets (FORGET) each inode it no
+///    longer uses, and rule 1 drops the node; one it still uses stays. A name forgotten is
+///    looked up again when asked for, from a remembered listing or the store, and shows what
+///    the store holds plus this mount's changes (DirectoryCache rules 2 and 4 hold whatever
+///    node is gone).
+/// 3. The kernel is asked from a pool thread, never a request's (it takes the directory's lock,
+///    which a lookup there may hold), one pass at a time. A pass starts when the nodes exceed
+///    the bound and a twentieth of the bound was added since the last pass began, or a second
+///    went by (names the kernel keeps are not asked for again at every operation). A second
+///    after a pass that asked for names, another runs if the nodes are still past the bound
+///    but fewer than when it began (the kernel forgets as it can; an idle mount gets there
+///    too). If none went, it is asked again after 2, 4, 8 and 16 s, then no more until the
+///    next operation adds nodes: a name `ls -l` was still using when it was asked for stays
+///    otherwise (an idle mount 50 names past a bound of 200, once in three runs of
+///    BoundedMountTests), while names the kernel will not forget, such as a file mapped after
+///    its close, are not asked for every second.
 package struct BoundState {
     package var running = false
     /// The node count and the time when the last pass began.
@@ -56,5 +95,39 @@ package struct BoundState {
         self.running = running
         self.lastPass = lastPass
         self.fruitless = fruitless
+    }
+}
+
+extension NamespaceTables {
+    /// Whether a pass of the bound starts now (rules 2 and 3; `followUp`: the check a second
+    /// after a pass), marked running if so.
+    package mutating func startBoundPass(limit: Int, now: Double, followUp: Bool) -> Bool {
+        let count = inodes.nodes.count
+        guard count > limit else { return false }
+        var fruitless = 0
+        let due: Bool
+        if followUp {
+            fruitless = count < bound.lastPass.count ? 0 : bound.fruitless + 1
+            due = fruitless <= BoundState.retries
+        } else {
+            due = count >= bound.lastPass.count + max(1, limit / 20) || now - bound.lastPass.at >= 1
+        }
+        guard !bound.running, due else { return false }
+        bound = BoundState(running: true, lastPass: (count, now), fruitless: fruitless)
+        return true
+    }
+
+    /// The names a pass asks the kernel to forget so that nine tenths of `limit` are left (rule
+    /// 2): never one of `held` (open here).
+    package func namesToForget(limit: Int, held: Set<InodeNumber>) -> [(parent: InodeNumber, name: String)] {
+        let excess = inodes.nodes.count - (limit - limit / 10)
+        guard excess > 0 else { return [] }
+        return inodes.forgettable(excess, in: directories.directoriesByUse, held: held)
+    }
+
+    /// Ends a pass; returns the passes in a row after which the kernel forgot nothing.
+    package mutating func endBoundPass() -> Int {
+        bound.running = false
+        return bound.fruitless
     }
 }

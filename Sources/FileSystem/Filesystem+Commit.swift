@@ -451,12 +451,4 @@ extension Filesystem {
             seeding.leave()
         }
     }
-
-    /// The listing entry that describes `node` as we last stored it.
-    func entry(for node: Node) -> DirectoryEntry {
-        DirectoryEntry(
-            name: node.name, kind: node.kind, key: node.key, size: node.manifest == nil ? node.size : 0,
-            etag: node.etag, lastModified: node.lastModified,
-            contentType: node.stored.contentType(base: node.baseContentType))
-    }
 }

@@ -50,7 +50,7 @@ extension Filesystem {
 
     func noteReaddir(of directory: Node) { listingsAhead.noteReaddir(of: directory, self) }
 
-    func dropListingsAhead(of keys: [String]?) { listingsAhead.dropListingsAhead(of: keys) }
+    package func dropListingsAhead(of keys: [String]?) { listingsAhead.dropListingsAhead(of: keys) }
 
     /// Waits until no listing ahead is queued or running (tests).
     func waitForListingsAhead() { listingsAhead.waitForListingsAhead() }

@@ -264,7 +264,7 @@ extension Filesystem {
 
     /// Reads `reader`'s listing to its end: its entries, or nil once `limit` entries came with
     /// more to come (a full page of `limit` decides, not the page after it).
-    func readWhole(_ reader: DirectoryReader, limit: Int) throws(FSError) -> PackedEntries? {
+    package func readWhole(_ reader: DirectoryReader, limit: Int) throws(FSError) -> PackedEntries? {
         try reader.readWhole(limit: limit, resolvingWith: self)
     }
 
@@ -298,7 +298,7 @@ extension Filesystem {
         ) { name in
             // A name made here, which the listing lacks: its node as it is now, if any.
             guard let node = s.inodes.child(inode, name.string), node.kind != .directory else { return nil }
-            return self.entry(for: node)
+            return node.listingEntry
         }
         guard remembered else { return table }
         // Names the server no longer lists are gone (another client removed them), unless
@@ -314,7 +314,7 @@ extension Filesystem {
 
     /// A reader of the server's listing of `directory`, which starts at change count `startedAt`
     /// (now, when nil); `pagesAhead`: see `DirectoryReader`.
-    func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil, pagesAhead: Bool = true) -> DirectoryReader {
+    package func makeDirectoryReader(_ directory: Node, startedAt: UInt64? = nil, pagesAhead: Bool = true) -> DirectoryReader {
         let (count, removed) = names.withLock { s in
             (s.directories.changeCount(directory.inode), s.directories.removedHere(directory.inode, now: now()))
         }
@@ -324,7 +324,7 @@ extension Filesystem {
     }
 
     /// The name a listing of `directory` never shows: the multipart parts prefix at the root.
-    func hiddenName(in directory: Node) -> String? {
+    package func hiddenName(in directory: Node) -> String? {
         directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil
     }
 
@@ -426,7 +426,7 @@ extension Filesystem {
             return (directory, nil)
         case (let info?, let noChildren):
             if ObjectKey.isDirectoryContentType(info.contentType) { return (directory, nil) }
-            let entry = Self.entry(name: name, info: info)
+            let entry = DirectoryEntry(name: name, info: info)
             // The HEAD has the metadata headers a listing lacks: the lookup uses them.
             recordPrefetched(entry, answer: .some(info), askedAt: askedAt)
             if noChildren { return (entry, info) }
@@ -444,19 +444,12 @@ extension Filesystem {
         guard resolved.kind == .directory else { throw FSError(.notFound, "no '\(alias)' in '\(prefix)'") }
         do {
             let info = try store.head(key: prefix + name)
-            var entry = Self.entry(name: alias, info: info)
+            var entry = DirectoryEntry(name: alias, info: info)
             entry.key = prefix + name
             return (entry, info)
         } catch {
             throw FSError(storeError: error, operation: "lookup", path: prefix + alias)
         }
-    }
-
-    static func entry(name: String, info: ObjectInfo) -> DirectoryEntry {
-        let base = StoredAttributes.parse(contentType: info.contentType).base
-        return DirectoryEntry(
-            name: name, kind: NodeKind.of(baseContentType: base), key: info.key,
-            size: info.size, etag: info.etag, lastModified: Timestamp(info.lastModified), contentType: info.contentType)
     }
 
     /// The kernel dropped `count` lookups of `inode`.

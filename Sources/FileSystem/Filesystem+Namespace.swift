@@ -146,7 +146,7 @@ extension Filesystem {
             f.openFiles[node.inode] = open
             s.inodes.pin(node.inode)
             let handle = f.handles.open(.spool(open, writable: true))
-            updateListing(parent, name: name, entry: entry(for: node), in: &s)
+            updateListing(parent, name: name, entry: node.listingEntry, in: &s)
             return (node, open, handle)
         }
         return (attributes(of: result.0), OpenResult(handle: result.2, keepCache: false))
@@ -229,7 +229,7 @@ extension Filesystem {
                 node.stored = stored
                 node.baseContentType = base
                 node = insert(node, in: &s)
-                updateListing(parent, name: name, entry: entry(for: node), in: &s)
+                updateListing(parent, name: name, entry: node.listingEntry, in: &s)
                 return node
             }
             return attributes(of: node)
@@ -294,7 +294,7 @@ extension Filesystem {
                 node.baseContentType = StoredAttributes.symlinkContentType
                 node.symlinkTarget = target
                 node = insert(node, in: &s)
-                updateListing(parent, name: name, entry: entry(for: node), in: &s)
+                updateListing(parent, name: name, entry: node.listingEntry, in: &s)
                 return node
             }
             return attributes(of: node)

@@ -308,6 +308,6 @@ extension Filesystem {
     /// Records what we stored for `node` in its directory's listing, if a name still leads to it.
     func updateListing(describing node: Node, in s: inout NamespaceTables) {
         guard s.inodes.child(node.parent, node.name)?.inode == node.inode else { return }
-        s.directories.record(node.parent, name: node.name, entry: entry(for: node), now: now())
+        s.directories.record(node.parent, name: node.name, entry: node.listingEntry, now: now())
     }
 }

@@ -62,12 +62,12 @@ extension Filesystem {
                 }
                 let entry: DirectoryEntry
                 if let moved = s.inodes.child(newParent, newName), moved.inode == source.inode {
-                    entry = moved.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: moved)
+                    entry = moved.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : moved.listingEntry
                 } else {
                     var renamed = source
                     renamed.name = newName
                     renamed.key = newKey
-                    entry = source.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : self.entry(for: renamed)
+                    entry = source.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : renamed.listingEntry
                 }
                 updateListing(newParent, name: newName, entry: entry, in: &s)
                 s.sweep()

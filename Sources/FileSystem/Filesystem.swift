@@ -69,7 +69,7 @@ import Glibc
 /// 5. A file with a spool is described by its spool (size, attributes not stored yet): listings
 ///    and HEADs never overwrite it. Every handle of one file reads what was written through this
 ///    mount (see `read`). Locks: the LOCKING block above.
-public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost {
+public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost, PollHost {
     public static let rootInode: InodeNumber = 1
     /// The longest object key the store takes (Swift's default `max_object_name_length`).
     public static let maximumKeyLength = 1024
@@ -115,8 +115,9 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
     let attributeLocks: [SerialLock] = (0..<64).map { _ in SerialLock() }
     /// Orders answers of the store against this mount's acknowledged changes (the attribute rule).
     package let storeClock = StoreClock()
-    /// Change notification (`Filesystem+Poll`).
-    let poll = Locked(PollState())
+    /// Change notification (the namespace room's `Poller`; this filesystem is its host,
+    /// `Filesystem+Poll`).
+    let poller = Poller()
 
     public convenience init(store: any ObjectStore, configuration: FilesystemConfiguration, logger: Logger) throws(FSError) {
         try self.init(store: store, configuration: configuration, logger: logger, journalFile: nil)
@@ -212,32 +213,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost 
 
     // MARK: Attributes
 
-    func attributes(of node: Node) -> Attributes {
-        let defaultMode: UInt16
-        switch node.kind {
-        case .directory: defaultMode = 0o777 & ~configuration.umask
-        case .file, .fifo, .socket: defaultMode = 0o666 & ~configuration.umask
-        case .symlink: defaultMode = 0o777
-        }
-        let size: Int64
-        switch node.kind {
-        case .directory, .fifo, .socket: size = 0
-        case .file: size = node.size
-        case .symlink: size = Int64(node.symlinkTarget?.utf8.count ?? Int(node.size))
-        }
-        // An object without a stored mtime shows its last-modified time to the second: a HEAD
-        // says no more (a listing has microseconds), and a time must not change with the answer
-        // that happened to describe the object first (issue 38).
-        let fallbackTime = node.kind == .directory ? configuration.directoryTime : node.lastModified.roundedUpToSecond
-        let modified = node.stored.mtime ?? fallbackTime
-        return Attributes(
-            inode: node.inode, kind: node.kind, size: size, modified: modified,
-            changed: max(node.changedAt ?? modified, modified), accessed: node.accessedAt ?? modified,
-            links: node.linked ? (node.kind == .directory ? 2 : 1) : 0,
-            permissions: node.kind == .symlink ? 0o777 : (node.stored.mode ?? defaultMode),
-            uid: configuration.forcedUID ?? node.stored.uid ?? configuration.uid,
-            gid: configuration.forcedGID ?? node.stored.gid ?? configuration.gid)
-    }
+    func attributes(of node: Node) -> Attributes { node.attributes(configuration) }
 
     func node(_ inode: InodeNumber) throws(FSError) -> Node {
         guard let node = names.withLock({ $0.inodes[inode] }) else {

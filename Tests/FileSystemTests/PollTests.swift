@@ -223,7 +223,7 @@ struct PollTests {
     @Test func aSubtreeTooLargeForOnePageIsSplit() throws {
         let scene = Scene()
         defer { scene.fs.shutdown() }
-        for i in 0..<Filesystem.pollListingLimit { scene.fake.seed("big/\(i)", text: "") }
+        for i in 0..<Poller.listingLimit { scene.fake.seed("big/\(i)", text: "") }
         for key in ["a/x/f", "a/y/g", "c/h"] { scene.fake.seed(key, text: "v1") }
         let a = try scene.fs.lookup(parent: root, name: "a")
         let x = try scene.fs.lookup(parent: a.inode, name: "x")
@@ -254,7 +254,7 @@ struct PollTests {
         for key in ["old/f", "w/v/file"] { scene.fake.seed(key, text: "v1") }
         let old = try scene.fs.lookup(parent: root, name: "old")
         #expect(try scene.list(old.inode) == ["f"])
-        scene.advance(Filesystem.pollHotSeconds + 1)
+        scene.advance(Poller.hotSeconds + 1)
         let w = try scene.fs.lookup(parent: root, name: "w")
         let v = try scene.fs.lookup(parent: w.inode, name: "v")
         _ = try scene.fs.lookup(parent: v.inode, name: "file")

@@ -296,7 +296,7 @@ struct PrefetchTests {
         let d = try fs.mkdir(parent: Filesystem.rootInode, name: "d", mode: 0o755, caller: Self.caller).inode
         _ = try fs.mknod(parent: d, name: "f", mode: 0o644, kind: .file, caller: Self.caller)
         let x = try fs.mknod(parent: Filesystem.rootInode, name: "x", mode: 0o600, kind: .file, caller: Self.caller).inode
-        let listed = try #require(fs.names.withLock { s in s.inodes.child(d, "f").map { fs.entry(for: $0) } })
+        let listed = try #require(fs.names.withLock { s in s.inodes.child(d, "f").map { $0.listingEntry } })
         let (job, answer) = try headOf(fs, store, "f", in: d, entry: listed)
         try fs.rename(parent: Filesystem.rootInode, name: "x", newParent: d, newName: "f", noReplace: false)
         // Two empty objects: the same ETag, so the ETag check cannot tell them apart either.
