@@ -267,3 +267,9 @@ extension DirectoryEntry {
             size: info.size, etag: info.etag, lastModified: Timestamp(info.lastModified), contentType: info.contentType)
     }
 }
+
+/// A file being written here, as the namespace room sees it: its spool describes the file (size,
+/// attributes not stored yet), not the store. The files room's `SpoolFile` is one.
+package protocol Spooled: AnyObject, Sendable {
+    var size: Int64 { get }
+}

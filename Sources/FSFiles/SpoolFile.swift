@@ -221,7 +221,7 @@ package struct SpoolState: Equatable {
 
 /// A file open for writing (or closed with its upload still owed): its spool file and its
 /// `SpoolState`.
-package final class SpoolFile: Sendable {
+package final class SpoolFile: Spooled {
     package let inode: InodeNumber
     package let path: String
 

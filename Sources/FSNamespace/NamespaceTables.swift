@@ -31,6 +31,10 @@ package struct NamespaceTables {
     /// each needs a HEAD.
     package var readers: [InodeNumber: (reader: DirectoryReader, at: Double)] = [:]
     package var directoryHandles = Handles<OpenDirectory>()
+    /// The files being written here, by inode: the files room's spools (`FileTables.openFiles`),
+    /// added and removed together with them (both locks held, `Filesystem.withTables`), so that
+    /// this room knows which nodes a spool describes without the files room's lock.
+    package var spools: [InodeNumber: any Spooled] = [:]
     /// Passes asking the kernel to forget names (`Filesystem+Bound`).
     package var bound = BoundState()
     /// The last `statfs` answer and when it was asked.

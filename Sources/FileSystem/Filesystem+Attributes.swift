@@ -93,8 +93,8 @@ extension Filesystem {
             } catch where error.code == .notFound {
                 // Deleted by another client: nothing to store them on, and the name is gone (not
                 // journaled as this mount's entry, which later listings would show again).
-                withTables { s, f in
-                    guard s.inodes.child(node.parent, node.name)?.inode == inode, f.openFiles[inode] == nil else { return }
+                names.withLock { s in
+                    guard s.inodes.child(node.parent, node.name)?.inode == inode, s.spools[inode] == nil else { return }
                     s.inodes.unhook(parent: node.parent, name: node.name)
                     s.directories.forget(node.name, in: node.parent)
                 }
@@ -137,12 +137,12 @@ extension Filesystem {
     /// from now on (the attribute rule), the remembered listing's entry included.
     func settleAttributes(_ inode: InodeNumber, storedAt version: UInt64) {
         let tick = storeClock.tick()
-        withTables { s, f in
+        names.withLock { s in
             guard let node = s.inodes.update(inode, { $0.acknowledge(at: tick, version: version) }) else { return }
             if node.attributesOwed && node.attributeVersion == version {
                 // The listing first: settling unpins the node, which goes if the kernel forgot it,
                 // and the next lookup makes a new node from the remembered entry.
-                if node.kind != .directory, f.openFiles[inode] == nil { updateListing(describing: node, in: &s) }
+                if node.kind != .directory, s.spools[inode] == nil { updateListing(describing: node, in: &s) }
                 s.inodes.settleAttributes(inode)
             }
             s.sweep()

@@ -23,7 +23,7 @@ extension Filesystem {
     private func forgetPass() {
         let limit = configuration.maximumEntries
         let forget = withTables { s, f in
-            s.namesToForget(limit: limit, held: f.handles.remoteInodes.union(f.openFiles.keys))
+            s.namesToForget(limit: limit, held: f.handles.remoteInodes.union(s.spools.keys))
         }
         for (parent, name) in forget { kernelCache.forgetEntry(parent, name) }
         configuration.metrics.entriesForgotten.add(Int64(forget.count))

@@ -21,6 +21,7 @@ extension Filesystem {
         let done: Bool = withTables { s, f in
             guard f.openFiles[open.inode] === open, open.state.withLock({ $0.retire() }) else { return false }
             f.openFiles[open.inode] = nil
+            s.spools[open.inode] = nil
             // The listing first, as when attributes settle: unpinned, the node goes if the
             // kernel forgot it, and the next lookup makes one from the remembered entry, which
             // a change stored while the file was open (a chmod) did not update.

@@ -104,6 +104,7 @@ extension Filesystem {
                 return o.attach(writable: writable)
             }
             f.openFiles[inode] = open
+            s.spools[inode] = open
             s.inodes.pin(inode)
             s.inodes.update(inode) { $0.localVersion += 1 }
             return open
@@ -340,8 +341,8 @@ extension Filesystem {
         } catch {
             throw error.code == .notFound ? failure : FSError(storeError: error, operation: "read", path: reader.key)
         }
-        let adopted: Node? = withTables { s, f in
-            guard f.openFiles[inode] == nil,
+        let adopted: Node? = names.withLock { s in
+            guard s.spools[inode] == nil,
                 let node = s.inodes.update(inode, { apply(info, askedAt: askedAt, to: &$0) }),
                 node.linked, node.key.isSameKey(as: reader.key), node.etag == info.etag, node.etag != reader.etag
                     || node.manifest != reader.manifest

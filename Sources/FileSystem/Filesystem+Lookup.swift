@@ -33,9 +33,9 @@ extension Filesystem {
         } catch where error.code == .notFound {
             // A directory the store no longer shows is there while a file below it is being
             // written (`directoriesHoldingFilesBeingWritten`).
-            let kept: Attributes? = withTables { s, f in
+            let kept: Attributes? = names.withLock { s in
                 guard let node = s.inodes.child(parent, name), node.kind == .directory,
-                    directoriesHoldingFilesBeingWritten(in: s, f).contains(node.inode)
+                    directoriesHoldingFilesBeingWritten(in: s).contains(node.inode)
                 else { return nil }
                 s.inodes.countLookup(node.inode)
                 return attributes(of: node)
@@ -50,9 +50,9 @@ extension Filesystem {
     /// names that lead to it. Such a directory is there whatever a listing says (another client
     /// removed every other key below it): a listing that lacks it keeps it, lookups find it and
     /// readdir shows it, as it does the file (its upload makes the directory again).
-    func directoriesHoldingFilesBeingWritten(in s: NamespaceTables, _ f: FileTables) -> Set<InodeNumber> {
+    func directoriesHoldingFilesBeingWritten(in s: NamespaceTables) -> Set<InodeNumber> {
         var holding = Set<InodeNumber>()
-        for open in f.openFiles.keys {
+        for open in s.spools.keys {
             var current = s.inodes[open]
             while let node = current, node.linked, node.inode != Self.rootInode, holding.insert(node.parent).inserted {
                 current = s.inodes[node.parent]
@@ -74,10 +74,10 @@ extension Filesystem {
         if isHidden(name, in: directory) { throw FSError(.notFound, "'\(name)' is reserved for multipart parts") }
         try Self.requireStorable(directory.key + name)
         // A file created here and not yet stored exists only in our tables.
-        let local: Attributes? = withTables { s, f in
+        let local: Attributes? = names.withLock { s in
             s.directories.touch(parent)
             guard let node = s.inodes.child(parent, name) else { return nil }
-            return lookUpSpooled(node.inode, in: &s, &f)
+            return lookUpSpooled(node.inode, in: &s)
         }
         if let local { return local }
 
@@ -201,8 +201,8 @@ extension Filesystem {
                 }
             }
         }
-        return try withTables { (s, f) throws(FSError) in
-            try self.link(entry, parent: parent, listedAt: listedAt, since: since, lastTry: lastTry, head: head, fresh: fresh, in: &s, &f)
+        return try names.withLock { (s) throws(FSError) in
+            try self.link(entry, parent: parent, listedAt: listedAt, since: since, lastTry: lastTry, head: head, fresh: fresh, in: &s)
         }
     }
 
@@ -280,7 +280,7 @@ extension Filesystem {
     @discardableResult
     func remember(_ reader: DirectoryReader, _ entries: PackedEntries, for inode: InodeNumber) -> EntryTable {
         let listed = EntryTable(entries)
-        let table = withTables { s, f in rememberLocked(reader, listed, for: inode, in: &s, &f) }
+        let table = names.withLock { s in rememberLocked(reader, listed, for: inode, in: &s) }
         prefetchMetadata(of: entries, in: inode)
         return table
     }
@@ -289,7 +289,7 @@ extension Filesystem {
     /// metadata after).
     func rememberLocked(
         _ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, confirmed: Set<ExactString> = [],
-        in s: inout NamespaceTables, _ f: inout FileTables
+        in s: inout NamespaceTables
     ) -> EntryTable {
         guard s.inodes[inode] != nil else { return listed }
         let (table, remembered) = s.directories.remember(
@@ -303,9 +303,9 @@ extension Filesystem {
         guard remembered else { return table }
         // Names the server no longer lists are gone (another client removed them), unless
         // they hold bytes not stored yet (a directory: below it).
-        let holding = directoriesHoldingFilesBeingWritten(in: s, f)
+        let holding = directoriesHoldingFilesBeingWritten(in: s)
         for (name, child) in s.inodes.children(of: inode)
-        where table[name] == nil && f.openFiles[child] == nil && !holding.contains(child) {
+        where table[name] == nil && s.spools[child] == nil && !holding.contains(child) {
             s.inodes.unhook(parent: inode, name: name.string)
         }
         s.sweep()
@@ -338,7 +338,7 @@ extension Filesystem {
     /// journal forgot what came after it or when only a HEAD would describe this mount's entry.
     func link(
         _ answer: DirectoryEntry, parent: InodeNumber, listedAt answerAskedAt: UInt64, since: UInt64?,
-        lastTry: Bool = false, head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout NamespaceTables, _ f: inout FileTables
+        lastTry: Bool = false, head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout NamespaceTables
     ) throws(FSError) -> Attributes? {
         var (entry, listedAt, head) = (answer, answerAskedAt, answerHead)
         if let since, s.inodes.child(parent, entry.name)?.kind != entry.kind {
@@ -364,7 +364,7 @@ extension Filesystem {
         let linked = s.inodes.link(
             parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1,
             reserved: s.directories.takeReservation(parent, entry.name))
-        if let open = f.openFiles[linked.inode] {
+        if let open = s.spools[linked.inode] {
             // The spool describes the file (changes not stored yet): the server's view must not win.
             var node = linked
             node.size = open.size

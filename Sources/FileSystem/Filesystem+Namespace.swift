@@ -57,13 +57,13 @@ extension Filesystem {
         var keys: [String] = []
         var prefixes: [String] = []
         let failedAt = storeClock.tick()
-        withTables { s, f in
+        self.names.withLock { s in
             for (parent, name) in names {
                 s.directories.forget(name, in: parent)
                 guard let node = s.inodes.child(parent, name) else { continue }
                 var pending = [node.inode]
                 while let inode = pending.popLast() {
-                    let restore = original?.inode == inode && f.openFiles[inode] == nil
+                    let restore = original?.inode == inode && s.spools[inode] == nil
                     guard let current = s.inodes.update(inode, { n in
                         if restore, let original { n.stored = original.stored }
                         n.forgetWhatWasSaid(at: failedAt)
@@ -144,6 +144,7 @@ extension Filesystem {
             let open = SpoolFile(inode: node.inode, path: path, fd: fd, size: 0, dirty: etag.isEmpty, baseETag: etag)
             _ = open.state.withLock { $0.attach(writable: true) }
             f.openFiles[node.inode] = open
+            s.spools[node.inode] = open
             s.inodes.pin(node.inode)
             let handle = f.handles.open(.spool(open, writable: true))
             updateListing(parent, name: name, entry: node.listingEntry, in: &s)
@@ -321,9 +322,9 @@ extension Filesystem {
     func target(_ parent: InodeNumber, _ name: String) throws(FSError) -> Node {
         // A name confirmed within attr_timeout, or with unstored bytes, is trusted as the kernel
         // trusts its dentry; anything older is asked for again (another client may have removed it).
-        let known: Node? = withTables { s, f in
+        let known: Node? = names.withLock { s in
             guard let node = s.inodes.child(parent, name),
-                f.openFiles[node.inode] != nil || now() - node.confirmedAt <= configuration.attributeCacheSeconds
+                s.spools[node.inode] != nil || now() - node.confirmedAt <= configuration.attributeCacheSeconds
             else { return nil }
             return node
         }
@@ -460,8 +461,8 @@ extension Filesystem {
 
     /// ENOTEMPTY unless the directory holds nothing but its own marker (on the server or here).
     func requireEmpty(_ directory: Node) throws(FSError) {
-        let localChildren = withTables { s, f in
-            s.inodes.children(of: directory.inode).contains { f.openFiles[$0.inode] != nil }
+        let localChildren = names.withLock { s in
+            s.inodes.children(of: directory.inode).contains { s.spools[$0.inode] != nil }
         }
         if localChildren { throw FSError(.notEmpty, "'\(directory.key)' holds files being written") }
         let page: ListPage

@@ -33,17 +33,17 @@ extension Filesystem {
         }
         var changed: [InodeNumber] = []
         var names: [String] = []
-        withTables { s, f in
+        self.names.withLock { s in
             guard s.inodes[inode] != nil else { return }
             let before = s.directories.anyListing(inode)
             let children = s.inodes.children(of: inode)
-            let table = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s, &f)
+            let table = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s)
             for (name, child) in children {
                 guard let entry = table[name] else {
                     names.append(name.string)
                     continue
                 }
-                guard f.openFiles[child] == nil, let node = s.inodes[child], node.kind == .file, entry.kind == .file,
+                guard s.spools[child] == nil, let node = s.inodes[child], node.kind == .file, entry.kind == .file,
                     entry.etag != node.etag
                 else { continue }
                 if Self.describesWhole(entry) {

@@ -29,11 +29,11 @@ extension Filesystem {
     /// Hence the check that the name still leads to the same node.
     package func applyPrefetched(_ job: PrefetchJob, answer: HeadAnswer) {
         let entry = job.entry
-        withTables { s, f in
+        names.withLock { s in
             // The node the listed name leads to now, if it is the node the HEAD was asked for
             // and still describes the listed object.
             guard let node = s.inodes.child(job.parent, entry.name), node.inode == job.inode, node.kind == entry.kind,
-                node.key.isSameKey(as: entry.key), f.openFiles[node.inode] == nil
+                node.key.isSameKey(as: entry.key), s.spools[node.inode] == nil
             else { return }
             s.inodes.update(node.inode) { node in
                 switch entry.kind {

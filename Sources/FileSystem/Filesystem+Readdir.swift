@@ -89,7 +89,7 @@ extension Filesystem {
                     nameOnly = true
                 }
             }
-            let linked: (String, NodeKind, Attributes?)? = withTables { s, f in
+            let linked: (String, NodeKind, Attributes?)? = names.withLock { s in
                 switch item {
                 case .dot: return nil
                 case .listed(let entry, let listedAt, let since):
@@ -97,16 +97,16 @@ extension Filesystem {
                     // (or this mount's journaled entry of the create) says, even another kind of
                     // object (a write-back rename over it, not stored yet).
                     if let local = s.inodes.child(inode, entry.name), local.kind == .file,
-                        let attributes = lookUpSpooled(local.inode, in: &s, &f)
+                        let attributes = lookUpSpooled(local.inode, in: &s)
                     {
                         return (entry.name, .file, attributes)
                     }
                     guard entry.kind == .symlink || (entry.kind == .file && entry.size > 0), !nameOnly else { return nil }
                     // nil: the listing is older than a change made here (the kernel looks it up).
-                    let attributes = try? link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s, &f)
+                    let attributes = try? link(entry, parent: inode, listedAt: listedAt, since: since, head: head, in: &s)
                     return (entry.name, attributes?.kind ?? entry.kind, attributes)
                 case .local(let name, let child):
-                    return lookUpSpooled(child, in: &s, &f).map { (name, .file, $0) }
+                    return lookUpSpooled(child, in: &s).map { (name, .file, $0) }
                 }
             }
             if let (name, kind, attributes) = linked, let attributes {
@@ -168,8 +168,8 @@ extension Filesystem {
 
     /// The attributes of a file with a spool (its bytes not all stored: the spool describes it,
     /// not the server), counting one kernel lookup; nil without a spool.
-    func lookUpSpooled(_ inode: InodeNumber, in s: inout NamespaceTables, _ f: inout FileTables) -> Attributes? {
-        guard var node = s.inodes[inode], let open = f.openFiles[inode] else { return nil }
+    func lookUpSpooled(_ inode: InodeNumber, in s: inout NamespaceTables) -> Attributes? {
+        guard var node = s.inodes[inode], let open = s.spools[inode] else { return nil }
         s.inodes.countLookup(inode)
         node.size = open.size
         return attributes(of: node)
@@ -181,12 +181,12 @@ extension Filesystem {
     func shownInode(
         _ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil
     ) -> (kind: NodeKind, inode: InodeNumber) {
-        withTables { s, f in
+        names.withLock { s in
             let child = s.inodes.child(directory, name) ?? local.flatMap { s.inodes[$0] }
             // A file being written here is what the name shows, whatever kind of object the store
             // still has there (a write-back rename over it, not stored yet). A node of another
             // kind is the name's old object: a lookup makes a new one.
-            if let node = child, node.kind == kind || (node.kind == .file && f.openFiles[node.inode] != nil) {
+            if let node = child, node.kind == kind || (node.kind == .file && s.spools[node.inode] != nil) {
                 // One the kernel holds no lookup of may go before the lookup that follows (its
                 // upload ends, the spool retires): the next node for the name takes its number.
                 if node.lookups == 0 { s.directories.reserve(directory, name, node.inode) }
@@ -213,8 +213,8 @@ extension Filesystem {
             let listed = reader.isRemembered ? nil : EntryTable(entries)
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
-            return withTables { s, f in
-                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s, &f) }
+            return names.withLock { s in
+                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
                 // What the reader's entries show, and what this mount recorded that they lack:
                 // a fresh listing's table has the changes; a remembered listing's entries are
                 // as the reader took them, and what was recorded since is added here (an upload
@@ -232,9 +232,9 @@ extension Filesystem {
                     shown[name] == nil && !recordedNames.contains(name) && !(table?.listed(name) ?? false)
                 }
                 // (Open files first: a directory of 200 000 names has as many children to look up.)
-                let children = f.openFiles.isEmpty ? [] : s.inodes.children(of: inode)
-                let open = children.filter { f.openFiles[$0.inode] != nil && lacks($0.name) }
-                let writing = children.isEmpty ? [] : directoriesHoldingFilesBeingWritten(in: s, f)
+                let children = s.spools.isEmpty ? [] : s.inodes.children(of: inode)
+                let open = children.filter { s.spools[$0.inode] != nil && lacks($0.name) }
+                let writing = children.isEmpty ? [] : directoriesHoldingFilesBeingWritten(in: s)
                 let holding = children.compactMap { child -> DirectoryEntry? in
                     guard writing.contains(child.inode), lacks(child.name), let node = s.inodes[child.inode] else { return nil }
                     return DirectoryBuilder.directory(child.name.string, key: node.key)

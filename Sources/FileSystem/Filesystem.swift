@@ -225,7 +225,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
         // The node and its spool in one look: a spool retired in between (its upload just stored
         // the file) would leave a node read before the upload updated it.
-        let (known, open) = withTables { s, f in (s.inodes[inode], f.openFiles[inode]) }
+        let (known, open) = names.withLock { s in (s.inodes[inode], s.spools[inode]) }
         guard var node = known else { throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)") }
         if let open {
             node.size = open.size

@@ -402,6 +402,9 @@ final class ReferenceModelRun {
     func run(operations count: Int) throws {
         while operations < count {
             try randomOperation()
+            // The namespace room's record of the files being written is the files room's spools.
+            let (spooled, spools) = kernel.fs.withTables { s, f in (Set(s.spools.keys), Set(f.openFiles.keys)) }
+            if spooled != spools { throw fail("the namespace room records spools \(spooled.sorted()), the files room has \(spools.sorted())") }
             trace.append("    open handles: \(handles.map(\.number))")
             let forgotten = kernel.forgetAsked(keeping: Set(handles.map(\.inode) + openDirectories.map(\.inode)))
             if forgotten > 0 { trace.append("    the kernel forgot \(forgotten) names (meta_max_entries)") }
