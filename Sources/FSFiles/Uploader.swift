@@ -37,7 +37,7 @@ package struct Uploader {
     /// the manifest after the parts), an upload asks where it may go.
     package struct Check {
         /// The key while it still holds the version the bytes replace (or holds these bytes
-        /// already), else a conflict copy's name; one HEAD (`Filesystem.uploadDestination`).
+        /// already), else a conflict copy's name; one HEAD (`uploadDestination`).
         package var destination: () throws(ObjectStoreError) -> String
         /// The bytes replace no stored version: where the server honours `If-None-Match`, a
         /// single PUT carries it instead of a HEAD first, and `destination` is asked only when

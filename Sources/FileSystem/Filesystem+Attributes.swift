@@ -77,14 +77,14 @@ extension Filesystem {
             }
             // A background HEAD's answer from before would describe a new node (the kernel may
             // forget this one once it is settled) with the old attributes.
-            forgetPrefetched(keys: [node.key])
+            namespace.forgetPrefetched(keys: [node.key])
             do throws(ObjectStoreError) {
                 try postHoldingUploads(inode) { () throws(ObjectStoreError) in
                     let askedAt = storeClock.tick()
                     let info = try store.head(key: node.key)
                     guard info.etag == node.etag else {
                         // Another client's version: the rule voids what is owed on the old one.
-                        names.withLock { s in _ = s.inodes.update(inode) { apply(info, askedAt: askedAt, to: &$0) } }
+                        names.withLock { s in _ = s.inodes.update(inode) { namespace.apply(info, askedAt: askedAt, to: &$0) } }
                         return
                     }
                     let (contentType, metadata) = storedForm(of: node, over: info)
@@ -142,7 +142,7 @@ extension Filesystem {
             if node.attributesOwed && node.attributeVersion == version {
                 // The listing first: settling unpins the node, which goes if the kernel forgot it,
                 // and the next lookup makes a new node from the remembered entry.
-                if node.kind != .directory, s.spools[inode] == nil { updateListing(describing: node, in: &s) }
+                if node.kind != .directory, s.spools[inode] == nil { namespace.updateListing(describing: node, in: &s) }
                 s.inodes.settleAttributes(inode)
             }
             s.sweep()

@@ -25,7 +25,7 @@ extension Filesystem {
             // The listing first, as when attributes settle: unpinned, the node goes if the
             // kernel forgot it, and the next lookup makes one from the remembered entry, which
             // a change stored while the file was open (a chmod) did not update.
-            if let node = s.inodes[open.inode], node.kind == .file { correctListing(describing: node, comparingTimes: true, in: &s) }
+            if let node = s.inodes[open.inode], node.kind == .file { namespace.correctListing(describing: node, comparingTimes: true, in: &s) }
             s.inodes.unpin(open.inode)
             s.sweep()
             return true
@@ -161,70 +161,11 @@ extension Filesystem {
         }
     }
 
-    /// The check every upload of bytes makes right before its last request (issue 22: no silent
-    /// lost update): bytes that replace the version `base` go to `key` only while the object
-    /// there is still that version, a new name's (`base` empty) only while nothing is there.
+    /// The check every upload of bytes makes right before its last request (`Uploader.lostUpdateCheck`).
     func lostUpdateCheck(key: String, base: String, bytes: (path: String, size: Int64), store: (any ObjectStore)? = nil)
         -> Uploader.Check
     {
-        Uploader.Check(
-            destination: { () throws(ObjectStoreError) in
-                try self.uploadDestination(key: key, base: base, bytes: bytes, store: store)
-            },
-            expectsAbsent: base.isEmpty)
-    }
-
-    /// Where an upload of bytes that replace `base` goes: `key` while the object there is
-    /// still that version (or still absent for a new name) or already holds these `bytes`, else
-    /// a conflict copy beside it, so that neither another client's newer version nor ours is lost.
-    func uploadDestination(
-        key: String, base: String, bytes: (path: String, size: Int64), store: (any ObjectStore)? = nil
-    ) throws(ObjectStoreError) -> String {
-        let store = store ?? self.store
-        let current: String?
-        do {
-            current = try store.head(key: key).etag
-        } catch where error.code == .notFound {
-            current = nil
-        }
-        if current == (base.isEmpty ? nil : base) { return key }
-        // An earlier attempt whose answer was lost may have stored these very bytes: that is
-        // this mount's version, not another client's.
-        if let current, uploader(store).expectedETag(path: bytes.path, size: bytes.size) == current {
-            logger.notice("'\(key)' holds this mount's bytes already (an earlier upload's answer was lost)")
-            return key
-        }
-        let conflict = try freeConflictKey(Self.conflictKey(for: key, at: Timestamp.now()), store: store)
-        let change = current == nil ? "deleted" : "replaced"
-        logger.warning(
-            "conflict: '\(key)' was \(change) by another client since this mount read or wrote it; storing this mount's version as '\(conflict)'")
-        return conflict
-    }
-
-    /// `name`, or `name-2`, `name-3`, … the first where nothing is: two conflicts of one key in
-    /// one second must not overwrite each other (the two-mount model found the second copy
-    /// replacing the first).
-    func freeConflictKey(_ name: String, store: any ObjectStore) throws(ObjectStoreError) -> String {
-        for n in 1...1_000 {
-            let candidate = n == 1 ? name : name + "-\(n)"
-            do {
-                _ = try store.head(key: candidate)
-            } catch where error.code == .notFound {
-                return candidate
-            }
-        }
-        throw ObjectStoreError(.invalidRequest, "1 000 conflict copies of '\(name)' exist already")
-    }
-
-    /// `KEY.cssp-conflict-YYYYMMDDTHHMMSSZ`, in UTC.
-    static func conflictKey(for key: String, at time: Timestamp) -> String {
-        var seconds = time_t(time.seconds)
-        var parts = tm()
-        gmtime_r(&seconds, &parts)
-        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
-        let stamp = "\(parts.tm_year + 1900)\(two(parts.tm_mon + 1))\(two(parts.tm_mday))T"
-            + "\(two(parts.tm_hour))\(two(parts.tm_min))\(two(parts.tm_sec))Z"
-        return key + ".cssp-conflict-" + stamp
+        uploader(store ?? self.store).lostUpdateCheck(key: key, base: base, bytes: bytes, logger: logger)
     }
 
     /// The content type and metadata headers that store `node`'s attributes.
@@ -298,7 +239,7 @@ extension Filesystem {
         let (contentType, metadata) = storedForm(of: node)
         var etag = node.etag
         var manifest = node.manifest
-        forgetPrefetched(keys: [node.key])
+        namespace.forgetPrefetched(keys: [node.key])
         do throws(ObjectStoreError) {
             if snapshot.dataDirty {
                 // This upload uses (or discards) the parts sent early; later writes start anew.
@@ -357,7 +298,7 @@ extension Filesystem {
                     current.lastModified = Timestamp.now()
                     if snapshot.dataDirty { current.localVersion += 1 }
                 }
-                if let updated { updateListing(describing: updated, in: &s) }
+                if let updated { namespace.updateListing(describing: updated, in: &s) }
                 return stillOwed
             }
             // Written meanwhile: the note describes the newer bytes over the version just stored.
@@ -415,41 +356,11 @@ extension Filesystem {
         configuration.blockCache?.waitUntilWritten()
     }
 
-    /// Offers what was just stored to the block cache, in the background, so that reading it back
-    /// (after the kernel dropped its pages, or from the next mount) needs no GET. Stops at the
-    /// first sign of a newer change: blocks must hold exactly the bytes of `etag`.
+    /// Offers what was just stored to the block cache (`SpoolFile.seedCache`).
     func seedCache(from open: SpoolFile, generation: UInt64, size: Int64, key: String, etag: String) {
-        guard let cache = configuration.blockCache, size > 0, size <= cache.capacity / 4, !etag.isEmpty else { return }
-        let fd = (try? open.usingDescriptor { dup($0) }) ?? -1
-        guard fd >= 0 else { return }
-        let object = BlockCache.Object(name: cacheName(key), etag: etag)
-        seeding.enter()
-        let started = pool.submit { [seeding] in
-            defer { seeding.leave() }
-            defer { close(fd) }
-            let blockSize = Int64(cache.blockSize)
-            var index: Int64 = 0
-            while index * blockSize < size {
-                let count = Int(min(blockSize, size - index * blockSize))
-                let buffer = ByteBuffer(capacity: count)
-                let offset = index * blockSize
-                while buffer.count < count {
-                    var n = 0
-                    buffer.fill { space in
-                        n = pread(fd, space.baseAddress!, count - buffer.count, off_t(offset + Int64(buffer.count)))
-                        return max(n, 0)
-                    }
-                    if n < 0 && errno == EINTR { continue }
-                    if n <= 0 { return }
-                }
-                guard open.isUnchanged(since: generation) else { return }
-                cache.store(object, block: index, bytes: buffer, range: 0..<count, waitForRoom: true)
-                index += 1
-            }
-        }
-        if !started {
-            close(fd)
-            seeding.leave()
-        }
+        guard let cache = configuration.blockCache, !etag.isEmpty else { return }
+        open.seedCache(
+            cache, as: BlockCache.Object(name: cacheName(key), etag: etag), generation: generation, size: size, pool: pool,
+            seeding: seeding)
     }
 }

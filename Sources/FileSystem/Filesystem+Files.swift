@@ -52,7 +52,7 @@ extension Filesystem {
     }
 
     public func open(_ inode: InodeNumber, writable: Bool, truncate: Bool) throws(FSError) -> OpenResult {
-        var node = try node(inode)
+        var node = try namespace.node(inode)
         switch node.kind {
         case .directory: throw FSError(.isADirectory, "open of a directory")
         case .symlink: throw FSError(.invalidArgument, "open of a symlink")
@@ -71,7 +71,7 @@ extension Filesystem {
         // hold another object now.)
         if !truncate && node.linked && now() - node.confirmedAt > configuration.attributeCacheSeconds {
             let known = node
-            node = try refresh(node)
+            node = try namespace.refresh(node)
             // Another client's version: the kernel's size of the file (its attributes may be
             // younger than the node's confirmation) would cut the new version's reads short.
             if node.etag != known.etag || node.size != known.size { kernelCache.invalidate(inode, pages: false) }
@@ -343,7 +343,7 @@ extension Filesystem {
         }
         let adopted: Node? = names.withLock { s in
             guard s.spools[inode] == nil,
-                let node = s.inodes.update(inode, { apply(info, askedAt: askedAt, to: &$0) }),
+                let node = s.inodes.update(inode, { namespace.apply(info, askedAt: askedAt, to: &$0) }),
                 node.linked, node.key.isSameKey(as: reader.key), node.etag == info.etag, node.etag != reader.etag
                     || node.manifest != reader.manifest
             else { return nil }

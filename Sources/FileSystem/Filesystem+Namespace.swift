@@ -25,13 +25,13 @@ extension Filesystem {
     /// after the name (1 for a directory's `/`).
     func requireWritableDirectory(_ parent: InodeNumber, name: String, suffix: Int = 0) throws(FSError) -> Node {
         if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
-        let directory = try node(parent)
+        let directory = try namespace.node(parent)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "not a directory") }
         guard DirectoryBuilder.isValidName(name) else {
             throw FSError(name.utf8.count > 255 ? .nameTooLong : .invalidArgument, "invalid name '\(name)'")
         }
-        try Self.requireStorable(directory.key + name, suffix: suffix)
-        if isHidden(name, in: directory) { throw FSError(.notPermitted, "'\(name)' is reserved for multipart parts") }
+        try Namespace.requireStorable(directory.key + name, suffix: suffix)
+        if namespace.isHidden(name, in: directory) { throw FSError(.notPermitted, "'\(name)' is reserved for multipart parts") }
         return directory
     }
 
@@ -78,7 +78,7 @@ extension Filesystem {
                 }
             }
         }
-        forgetPrefetched(keys: keys, prefixes: prefixes)
+        namespace.forgetPrefetched(keys: keys, prefixes: prefixes)
     }
 
     /// Adds a node for a name we just made, counting one kernel lookup.
@@ -90,14 +90,6 @@ extension Filesystem {
         let inserted = s.inodes.insert(node)
         s.sweep()
         return inserted
-    }
-
-    /// ENAMETOOLONG for a key the store cannot hold (`maximumKeyLength` bytes).
-    static func requireStorable(_ key: String, suffix: Int = 0) throws(FSError) {
-        guard key.utf8.count + suffix <= maximumKeyLength else {
-            throw FSError(
-                .nameTooLong, "the path is \(key.utf8.count + suffix) bytes as a key; the store takes at most \(maximumKeyLength)")
-        }
     }
 
     /// The attributes of a name made now by `caller` in `directory`. In a setgid directory the new
@@ -147,7 +139,7 @@ extension Filesystem {
             s.spools[node.inode] = open
             s.inodes.pin(node.inode)
             let handle = f.handles.open(.spool(open, writable: true))
-            updateListing(parent, name: name, entry: node.listingEntry, in: &s)
+            namespace.updateListing(parent, name: name, entry: node.listingEntry, in: &s)
             return (node, open, handle)
         }
         return (attributes(of: result.0), OpenResult(handle: result.2, keepCache: false))
@@ -159,7 +151,7 @@ extension Filesystem {
     private func storeExclusively(_ key: String, stored: StoredAttributes, contentType: String, parent: InodeNumber, name: String)
         throws(FSError) -> String
     {
-        forgetPrefetched(keys: [key])
+        namespace.forgetPrefetched(keys: [key])
         let token = String(UInt64.random(in: 0...UInt64.max), radix: 16)
         do throws(ObjectStoreError) {
             var metadata = stored.metadata(mergedInto: [:])
@@ -216,7 +208,7 @@ extension Filesystem {
             let key = directory.key + name
             let base = kind == .fifo ? StoredAttributes.fifoContentType : StoredAttributes.socketContentType
             let stored = newAttributes(mode: mode, caller: caller, in: directory)
-            forgetPrefetched(keys: [key])
+            namespace.forgetPrefetched(keys: [key])
             let etag: String
             do throws(ObjectStoreError) {
                 etag = try store.put(
@@ -230,7 +222,7 @@ extension Filesystem {
                 node.stored = stored
                 node.baseContentType = base
                 node = insert(node, in: &s)
-                updateListing(parent, name: name, entry: node.listingEntry, in: &s)
+                namespace.updateListing(parent, name: name, entry: node.listingEntry, in: &s)
                 return node
             }
             return attributes(of: node)
@@ -243,7 +235,7 @@ extension Filesystem {
             let directory = try requireWritableDirectory(parent, name: name, suffix: 1)
             let prefix = directory.key + name + "/"
             let stored = newAttributes(mode: mode, caller: caller, in: directory, isDirectory: true)
-            forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
+            namespace.forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
             do throws(ObjectStoreError) {
                 try store.put(
                     key: prefix, body: .bytes([]), contentType: stored.contentType(base: ObjectKey.directoryContentType),
@@ -258,7 +250,7 @@ extension Filesystem {
                 node.stored = stored
                 node = insert(node, in: &s)
                 s.directories.rememberEmpty(node.inode, now: now(), askedAt: storeClock.tick())
-                updateListing(parent, name: name, entry: DirectoryBuilder.directory(name, key: prefix), in: &s)
+                namespace.updateListing(parent, name: name, entry: DirectoryBuilder.directory(name, key: prefix), in: &s)
                 return node
             }
             return attributes(of: node)
@@ -279,7 +271,7 @@ extension Filesystem {
                 metadata[StoredAttributes.symlinkTargetHeader] = target
             }
             let etag: String
-            forgetPrefetched(keys: [key])
+            namespace.forgetPrefetched(keys: [key])
             do throws(ObjectStoreError) {
                 etag = try store.put(
                     key: key, body: .bytes(Array(target.utf8)),
@@ -295,7 +287,7 @@ extension Filesystem {
                 node.baseContentType = StoredAttributes.symlinkContentType
                 node.symlinkTarget = target
                 node = insert(node, in: &s)
-                updateListing(parent, name: name, entry: node.listingEntry, in: &s)
+                namespace.updateListing(parent, name: name, entry: node.listingEntry, in: &s)
                 return node
             }
             return attributes(of: node)
@@ -303,7 +295,7 @@ extension Filesystem {
     }
 
     public func readlink(_ inode: InodeNumber) throws(FSError) -> String {
-        let node = try node(inode)
+        let node = try namespace.node(inode)
         guard node.kind == .symlink else { throw FSError(.invalidArgument, "not a symlink") }
         if let target = node.symlinkTarget { return target }
         do {
@@ -367,7 +359,7 @@ extension Filesystem {
                 // (A queued file renamed over a stored one has an object at its key: the one it
                 // replaces at its upload, `baseETag`.)
                 let neverStored = open?.state.withLock { $0.dataDirty && target.etag.isEmpty && $0.baseETag.isEmpty } ?? false
-                forgetPrefetched(keys: [target.key])
+                namespace.forgetPrefetched(keys: [target.key])
                 if !neverStored {
                     if configuration.writeBack {
                         // The node as the last upload left it (it may have ended since `target`).
@@ -387,7 +379,7 @@ extension Filesystem {
                     }
                     // Owed attributes of a deleted object: nothing to store them on.
                     s.inodes.settleAttributes(target.inode)
-                    updateListing(parent, name: name, entry: nil, in: &s)
+                    namespace.updateListing(parent, name: name, entry: nil, in: &s)
                     s.sweep()
                 }
             }
@@ -445,14 +437,14 @@ extension Filesystem {
             guard target.kind == .directory else { throw FSError(.notADirectory, "rmdir of a file") }
             try requireEmpty(target)
             if configuration.writeBack {
-                forgetPrefetched(keys: [target.key, String(target.key.dropLast())])
+                namespace.forgetPrefetched(keys: [target.key, String(target.key.dropLast())])
                 try deletes.enqueue(key: target.key, etag: "", kind: .directory)
             } else {
                 try removeDirectoryMarkers(prefix: target.key)
             }
             names.withLock { s in
                 s.inodes.unhook(parent: parent, name: name)
-                updateListing(parent, name: name, entry: nil, in: &s)
+                namespace.updateListing(parent, name: name, entry: nil, in: &s)
                 s.directories.drop(target.inode)
                 s.sweep()
             }
@@ -478,7 +470,7 @@ extension Filesystem {
 
     /// Deletes a directory's markers now (`DeleteQueue.deleteMarkers`).
     func removeDirectoryMarkers(prefix: String) throws(FSError) {
-        forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
+        namespace.forgetPrefetched(keys: [prefix, String(prefix.dropLast())])
         do {
             try DeleteQueue.deleteMarkers(prefix, in: store)
         } catch {

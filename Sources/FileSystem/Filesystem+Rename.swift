@@ -43,11 +43,11 @@ extension Filesystem {
                 case (false, false): break
                 }
             }
-            forgetPrefetched(
+            namespace.forgetPrefetched(
                 keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
                 prefixes: source.kind == .directory ? [source.key, newKey] : [])
             let finish = { [self] (s: inout NamespaceTables) -> Void in
-                updateListing(parent, name: name, entry: nil, in: &s)
+                namespace.updateListing(parent, name: name, entry: nil, in: &s)
                 if s.inodes.child(parent, name)?.inode == source.inode {
                     s.inodes.update(source.inode) { $0.changedAt = Timestamp.now() }
                     // Stored under the new keys: answers asked before describe the old places.
@@ -69,12 +69,12 @@ extension Filesystem {
                     renamed.key = newKey
                     entry = source.kind == .directory ? DirectoryBuilder.directory(newName, key: newKey) : renamed.listingEntry
                 }
-                updateListing(newParent, name: newName, entry: entry, in: &s)
+                namespace.updateListing(newParent, name: newName, entry: entry, in: &s)
                 s.sweep()
             }
             defer {
                 // Again: a HEAD that started during the rename may have recorded the old objects.
-                forgetPrefetched(
+                namespace.forgetPrefetched(
                     keys: [source.key, newKey, String(source.key.dropLast()), String(newKey.dropLast())],
                     prefixes: source.kind == .directory ? [source.key, newKey] : [])
             }
@@ -177,7 +177,7 @@ extension Filesystem {
                 if current.attributesOwed && info.etag != current.etag {
                     // Another client replaced the object since the change: it keeps theirs.
                     form = nil
-                    names.withLock { s in _ = s.inodes.update(source.inode) { apply(info, askedAt: askedAt, to: &$0) } }
+                    names.withLock { s in _ = s.inodes.update(source.inode) { namespace.apply(info, askedAt: askedAt, to: &$0) } }
                 } else if current.attributesOwed || keepsTime {
                     let owed = storedForm(of: shown, over: info)
                     (info.contentType, info.metadata) = owed
@@ -318,7 +318,7 @@ extension Filesystem {
             }
             // Every new key must fit before the first one moves.
             if let longest = keys.map({ $0.name.utf8.count }).max() {
-                try Self.requireStorable(destination, suffix: longest - source.utf8.count)
+                try Namespace.requireStorable(destination, suffix: longest - source.utf8.count)
             }
             let store = self.store
             func moved(_ key: String) -> String { destination + String(key.utf8.dropFirst(source.utf8.count))! }

@@ -18,7 +18,7 @@ extension Filesystem {
 
     public func setattr(_ inode: InodeNumber, _ changes: AttributeChanges) throws(FSError) -> Attributes {
         if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
-        let node = try node(inode)
+        let node = try namespace.node(inode)
         // A failure leaves the node as it was, to be asked for again (the answer may be lost).
         try forgettingOnFailure([(node.parent, node.name)], restoring: node) { () throws(FSError) in
             if let size = changes.size {
@@ -30,8 +30,8 @@ extension Filesystem {
             let metadataChanged = changes.mode != nil || changes.uid != nil || changes.gid != nil || changes.modified != nil
             // Another tool's version no HEAD has described yet: its headers' mtime, not the
             // listing's, is what the change keeps (the store's POST replaces them all).
-            if metadataChanged, let current = names.withLock({ $0.inodes[inode] }), current.linked, awaitsHead(current) {
-                _ = try refresh(current)
+            if metadataChanged, let current = names.withLock({ $0.inodes[inode] }), current.linked, namespace.awaitsHead(current) {
+                _ = try namespace.refresh(current)
             }
             if let accessed = changes.accessed {
                 // Kept by this mount only: the store has no access time.
@@ -103,7 +103,7 @@ extension Filesystem {
     }
 
     func persistAttributesLocked(_ node: Node) throws(FSError) {
-        forgetPrefetched(keys: [node.key])
+        namespace.forgetPrefetched(keys: [node.key])
         do {
             switch node.kind {
             case .file where now() - node.metadataKnownAt <= configuration.attributeCacheSeconds:
@@ -153,7 +153,7 @@ extension Filesystem {
                 $0.acknowledge(at: stored, version: node.attributeVersion)
                 $0.confirmedAt = now()
             }
-            if node.kind != .directory, let current { updateListing(describing: current, in: &s) }
+            if node.kind != .directory, let current { namespace.updateListing(describing: current, in: &s) }
         }
     }
 

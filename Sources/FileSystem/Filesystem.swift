@@ -69,10 +69,10 @@ import Glibc
 /// 5. A file with a spool is described by its spool (size, attributes not stored yet): listings
 ///    and HEADs never overwrite it. Every handle of one file reads what was written through this
 ///    mount (see `read`). Locks: the LOCKING block above.
-public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost, PollHost {
-    public static let rootInode: InodeNumber = 1
+public final class Filesystem: Sendable, PollHost {
+    public static let rootInode: InodeNumber = Namespace.rootInode
     /// The longest object key the store takes (Swift's default `max_object_name_length`).
-    public static let maximumKeyLength = 1024
+    public static let maximumKeyLength = Namespace.maximumKeyLength
     /// Where multipart parts live, relative to the container (see `Uploader`).
     public static let partsPrefix = manifestPartsPrefix
 
@@ -93,8 +93,10 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
     /// Uploads running and owed (`mount.cssp --status`).
     public let transfers: Transfers
 
-    /// The namespace room's tables (lock 3 of the LOCKING block at the top of this file).
-    package let names: Locked<NamespaceTables>
+    /// The namespace room: which names exist, with which attributes. Its tables are lock 3 of
+    /// the LOCKING block at the top of this file (`names`).
+    package let namespace: Namespace
+    package var names: Locked<NamespaceTables> { namespace.names }
     /// The files room's tables (lock 3b): taken alone, or inside `names` (`withTables`).
     package let files = Locked(FileTables())
     /// Stores fetched bytes in the kernel's page cache (installed by the FUSE layer).
@@ -103,12 +105,6 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
     package let pool: BackgroundPool
     /// Background cache seeding under way (`waitForCacheWrites`).
     let seeding = DispatchGroup()
-    /// Background HEADs after listings (the namespace room's `BackgroundHeads`; this filesystem
-    /// is its host, `Filesystem+Prefetch`), lock 6.
-    let backgroundHeads = BackgroundHeads()
-    /// Listings of subdirectories fetched ahead of a walk, and walk listings (the namespace
-    /// room's `ListingsAhead`; this filesystem is its host, `Filesystem+ListingsAhead`).
-    let listingsAhead = ListingsAhead()
     /// Object versions being pulled whole by random readers (`FileReader`, subtlety 7).
     let pulls = PullRegistry()
     /// Serialise attribute updates per node (striped by inode); held during their HEAD and POST (lock 1).
@@ -161,12 +157,8 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
         self.recovered = recovered
         self.store = JournaledStore(raw, deletes: deletes, recovered: recovered)
         recoveryStore = JournaledStore(raw, deletes: deletes)
-        names = Locked(
-            NamespaceTables(
-                inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
-                directories: DirectoryCache(
-                    journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds),
-                    nameLimit: configuration.maximumEntries)))
+        namespace = Namespace(
+            store: store, storeClock: storeClock, configuration: configuration, pool: pool, logger: logger)
         let registry = configuration.metrics.registry
         let deletes = self.deletes
         registry.gauge("cssp_pending_deletes", help: "Deletes journaled by write-back and not yet sent.") {
@@ -179,7 +171,7 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
         registry.gauge("cssp_remembered_names", help: "Names in the directory listings the mount remembers.") {
             Double(names.withLock { $0.directories.rememberedNames })
         }
-        let listingsAhead = self.listingsAhead
+        let listingsAhead = namespace.listingsAhead
         registry.gauge(
             "cssp_names_listed_ahead", help: "Names in the listings fetched ahead of the readers and not read yet.")
         {
@@ -215,13 +207,6 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
 
     func attributes(of node: Node) -> Attributes { node.attributes(configuration) }
 
-    func node(_ inode: InodeNumber) throws(FSError) -> Node {
-        guard let node = names.withLock({ $0.inodes[inode] }) else {
-            throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)")
-        }
-        return node
-    }
-
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
         // The node and its spool in one look: a spool retired in between (its upload just stored
         // the file) would leave a node read before the upload updated it.
@@ -234,41 +219,50 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
         // A node no name leads to (unlinked or replaced here, held open) keeps what it knew:
         // its old key may hold another object now, which is not this file.
         if node.kind != .directory && node.linked
-            && (now() - node.confirmedAt > configuration.attributeCacheSeconds || awaitsHead(node))
+            && (now() - node.confirmedAt > configuration.attributeCacheSeconds || namespace.awaitsHead(node))
         {
-            node = try refresh(node)
+            node = try namespace.refresh(node)
         }
         return attributes(of: node)
     }
 
-    /// Whether `node` is another tool's file whose metadata headers no answer has shown for its
-    /// version yet (a listing showed a new version of it), with `foreign_attrs=head`: its
-    /// attributes are not reported before a HEAD.
-    func awaitsHead(_ node: Node) -> Bool {
-        configuration.foreignAttributes == .head && (node.kind == .file && node.size > 0 || node.kind == .symlink)
-            && node.metadataKnownAt == 0 && node.stored.mtime == nil && !node.hasUnacknowledgedChange
+    // MARK: Names (the namespace room answers; the facade bounds what it keeps)
+
+    /// Resolves `name` in directory `parent`; on success the kernel holds one more lookup on it.
+    public func lookup(parent: InodeNumber, name: String) throws(FSError) -> Attributes {
+        defer { boundNodes() }
+        return try namespace.lookup(parent: parent, name: name)
     }
 
-    /// HEADs a file's object and stores what it says.
-    func refresh(_ node: Node) throws(FSError) -> Node {
-        let askedAt = storeClock.tick()
-        let info: ObjectInfo
-        do {
-            info = try store.head(key: node.key)
-        } catch {
-            throw FSError(storeError: error, operation: "stat", path: node.key)
-        }
-        return names.withLock { s in
-            s.inodes.update(node.inode) { apply(info, askedAt: askedAt, to: &$0) } ?? node
-        }
+    /// The kernel dropped `count` lookups of `inode`.
+    public func forget(_ inode: InodeNumber, count: UInt64) { namespace.forget(inode, count: count) }
+
+    public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 { try namespace.opendir(inode) }
+
+    /// Emits entries from `offset` on; `emit(name, kind, inode, nextOffset)` returns false when full.
+    public func readdir(
+        _ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (String, NodeKind, InodeNumber, Int64) -> Bool
+    ) throws(FSError) {
+        try namespace.readdir(inode, handle: handle, offset: offset, emit: emit)
     }
 
-    /// Takes what a HEAD asked at `askedAt` said, if the rule admits it (see `Node.apply`), at
-    /// this filesystem's time.
-    func apply(_ info: ObjectInfo, askedAt: UInt64, to node: inout Node) {
-        node.apply(info, askedAt: askedAt, now: now(), foreign: configuration.foreignAttributes)
+    /// readdirplus (`Namespace.readdirplus`): `emit(name, kind, inode, attributes, nextOffset)`
+    /// returns false when full.
+    public func readdirplus(
+        _ inode: InodeNumber, handle: UInt64, offset: Int64,
+        emit: (String, NodeKind, InodeNumber, Attributes?, Int64) -> Bool
+    ) throws(FSError) {
+        defer { boundNodes() }
+        try namespace.readdirplus(inode, handle: handle, offset: offset, emit: emit)
     }
 
+    public func releasedir(handle: UInt64) { namespace.releasedir(handle: handle) }
+
+    /// Returns when every background HEAD queued so far has ended (tests).
+    public func waitForPrefetch() { namespace.waitForPrefetch() }
+
+    /// Drops queued HEADs and queues no more (unmount).
+    public func stopPrefetching() { namespace.stopPrefetching() }
 
     // MARK: Filesystem
 
@@ -278,8 +272,8 @@ public final class Filesystem: Sendable, ListingsAheadHost, BackgroundHeadsHost,
     @discardableResult
     public func shutdown(deadline: Double = 30) -> Bool {
         recovered.stop()
-        stopPrefetching()
-        listingsAhead.stop()
+        namespace.stopPrefetching()
+        namespace.listingsAhead.stop()
         let ended = pool.shutdown(deadline: deadline)
         configuration.metadataIndex?.flush()
         // Written and synced: a cache a power cut could have torn is not trusted (BlockCache).

@@ -224,24 +224,24 @@ struct AttributeRuleTests {
         faulty.afterEachAnswer { call in
             guard call.operation == .head, call.key == "f" else { return }
             let go = removals.withLock { r in
-                guard !r.busy, r.count < Filesystem.lookupAttempts else { return false }
+                guard !r.busy, r.count < Namespace.lookupAttempts else { return false }
                 r.busy = true
                 return true
             }
             guard go else { return }
-            clock.advance(Filesystem.lookupListingWindow + 1)
+            clock.advance(Namespace.lookupListingWindow + 1)
             #expect(throws: Never.self) { try fs.unlink(parent: Filesystem.rootInode, name: "f") }
             let count = removals.withLock { r in
                 r.count += 1
                 return r.count
             }
-            if count < Filesystem.lookupAttempts { seedStored(store, "f", "again \(count)") }
-            clock.advance(Filesystem.lookupListingWindow + 1)
+            if count < Namespace.lookupAttempts { seedStored(store, "f", "again \(count)") }
+            clock.advance(Namespace.lookupListingWindow + 1)
             removals.withLock { $0.busy = false }
         }
         #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
         faulty.afterEachAnswer(nil)
-        #expect(removals.withLock { $0.count } == Filesystem.lookupAttempts)
+        #expect(removals.withLock { $0.count } == Namespace.lookupAttempts)
         #expect(!store.keys.contains("f"))
         #expect(throws: FSError.self) { try fs.lookup(parent: root, name: "f") }
     }

@@ -272,8 +272,8 @@ struct FilesystemTests {
         _ = try names(listedFirst, t2.inode)
         let listed = try listedFirst.lookup(parent: t2.inode, name: "b")
         #expect(listed.modified.nanoseconds == 0)
-        let node = try listedFirst.node(listed.inode)
-        _ = try listedFirst.refresh(node)
+        let node = try listedFirst.namespace.node(listed.inode)
+        _ = try listedFirst.namespace.refresh(node)
         #expect(try listedFirst.getattr(listed.inode).modified == listed.modified)
     }
 

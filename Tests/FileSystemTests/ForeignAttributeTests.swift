@@ -260,7 +260,7 @@ struct ForeignAttributeTests {
             }
         }
         fs.waitForPrefetch()
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         let recorded = calls.withLock { $0 }
         func most(_ operation: FaultInjectingStore.Call.Operation, _ isCounted: (String) -> Bool) -> (String, Int)? {
             Dictionary(grouping: recorded.filter { $0.0 == operation && isCounted($0.1) }, by: \.1).mapValues(\.count).max { $0.value < $1.value }
@@ -289,7 +289,7 @@ struct ForeignAttributeTests {
         #expect(try fs.getattr(f.inode).modified == later)
         // readdirplus of the remembered listing finds the old version's answer in the index
         // only (not in memory): it is as old as that listing, and must not bring it back.
-        fs.backgroundHeads.heads.withLock { $0.foreignAnswers = [:] }
+        fs.namespace.backgroundHeads.heads.withLock { $0.foreignAnswers = [:] }
         _ = try plus(fs, d)
         let now = try fs.getattr(f.inode)
         #expect(now.modified == later && now.size == 15)

@@ -72,7 +72,7 @@ struct ListAheadTests {
         let fs = makeFilesystem(listings.store(fake))
         defer { fs.shutdown() }
         #expect(try fs.names(in: root) == ["big", "small"])
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         fs.pool.waitUntilIdle()
         #expect(listings.count("big/") == 1, "big/ listed ahead: \(listings.count("big/")) pages")
         #expect(listings.count("small/") == 1)
@@ -89,7 +89,7 @@ struct ListAheadTests {
         let fs = makeFilesystem(listings.store(fake))
         defer { fs.shutdown() }
         #expect(try fs.names(in: root) == ["d1", "d2", "d3", "d4", "d5"])
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         for d in 1...5 { #expect(listings.count("d\(d)/") == 1, "d\(d)/ listed ahead") }
         for d in 1...5 {
             let directory = try fs.lookup(parent: root, name: "d\(d)")
@@ -113,7 +113,7 @@ struct ListAheadTests {
         #expect(try fs.names(in: root) == names)
         for name in names {
             // The walk waits for nothing here; this makes the background's progress certain.
-            fs.waitForListingsAhead()
+            fs.namespace.waitForListingsAhead()
             let directory = try fs.lookup(parent: root, name: name)
             #expect(try fs.names(in: directory.inode) == ["f"])
         }
@@ -132,11 +132,11 @@ struct ListAheadTests {
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
         _ = try fs.names(in: root)
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         let big = try fs.lookup(parent: root, name: "a-big")
         #expect(try fs.names(in: big.inode) == children)
         for child in children {
-            fs.waitForListingsAhead()
+            fs.namespace.waitForListingsAhead()
             let directory = try fs.lookup(parent: big.inode, name: child)
             #expect(try fs.names(in: directory.inode) == ["f"])
         }
@@ -159,7 +159,7 @@ struct ListAheadTests {
         defer { fs.shutdown() }
         let t = try fs.lookup(parent: root, name: "t")
         for d in directories {
-            fs.waitForListingsAhead()
+            fs.namespace.waitForListingsAhead()
             let directory = try fs.lookup(parent: t.inode, name: d)
             for f in ["a", "b", "c"] { #expect(try fs.lookup(parent: directory.inode, name: f).size == 4) }
         }
@@ -177,7 +177,7 @@ struct ListAheadTests {
         let fs = makeFilesystem(store)
         defer { fs.shutdown() }
         _ = try fs.names(in: root)
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         heads.withLock { $0 = [] }
         for d in 1...4 { _ = try fs.lookup(parent: root, name: "d\(d)") }
         #expect(heads.withLock { $0 } == [])
@@ -193,7 +193,7 @@ struct ListAheadTests {
         let fs = makeFilesystem(Listings().store(fake))
         defer { fs.shutdown() }
         _ = try fs.names(in: root)
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         try fs.rename(parent: root, name: "d1", newParent: root, newName: "moved", noReplace: false)
         try fs.rename(parent: root, name: "e", newParent: root, newName: "d1", noReplace: false)
         let replaced = try fs.lookup(parent: root, name: "d1")
@@ -212,7 +212,7 @@ struct ListAheadTests {
         let fs = makeFilesystem(listings.store(fake, failing: ["d3/"]))
         defer { fs.shutdown() }
         _ = try fs.names(in: root)
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         let d3 = try fs.lookup(parent: root, name: "d3")
         #expect(throws: FSError.self) { try fs.names(in: d3.inode) }
         #expect(listings.count("d3/") == 2, "ahead, then by the readdir itself")
@@ -226,7 +226,7 @@ struct ListAheadTests {
         let fs = makeFilesystem(listings.store(fake), listAhead: 0)
         defer { fs.shutdown() }
         _ = try fs.names(in: root)
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         #expect(listings.prefixes.withLock { $0 } == [""])
     }
 
@@ -245,17 +245,17 @@ struct ListAheadTests {
         let p = try fs.lookup(parent: root, name: "p")
         var directories: [InodeNumber] = []
         for n in 1...40 { directories.append(try fs.lookup(parent: p.inode, name: String(format: "d%02d", n)).inode) }
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         // Later, each subdirectory's names: their listings are remembered from then on.
         clock.advance(3)
         for d in directories { _ = try fs.lookup(parent: d, name: "f") }
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         let before = listings.prefixes.withLock { $0.count }
         // p's listing is past dir_timeout (5 s); theirs are not.
         clock.advance(3)
         #expect(throws: FSError.self) { try fs.lookup(parent: p.inode, name: "x") }
         #expect(throws: FSError.self) { try fs.lookup(parent: p.inode, name: "y") }
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         let after = listings.prefixes.withLock { Array($0[before...]) }
         #expect(after.filter { $0 == "p/" }.count >= 1, "\(after)")
         #expect(after.filter { $0.hasPrefix("p/d") }.isEmpty, "\(after)")

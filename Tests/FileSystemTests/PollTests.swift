@@ -197,7 +197,7 @@ struct PollTests {
         let h = try scene.fs.lookup(parent: c.inode, name: "h")
         #expect(try scene.list(b.inode) == ["g"])
         #expect(try scene.list(c.inode) == ["h"])
-        scene.fs.waitForListingsAhead()
+        scene.fs.namespace.waitForListingsAhead()
         for key in ["top", "a/f", "a/b/g", "c/h"] { scene.fake.seed(key, text: "version 2") }
         scene.fake.seed("a/b/new", text: "new")
         try scene.fake.delete(key: "c/h")
@@ -232,7 +232,7 @@ struct PollTests {
         let g = try scene.fs.lookup(parent: y.inode, name: "g")
         let c = try scene.fs.lookup(parent: root, name: "c")
         _ = try scene.fs.lookup(parent: c.inode, name: "h")
-        scene.fs.waitForListingsAhead()
+        scene.fs.namespace.waitForListingsAhead()
         let listed = Locked<[String]>([])
         scene.store.afterEachAnswer { call in if call.operation == .list { listed.withLock { $0.append(call.key) } } }
         scene.fake.seed("a/y/g", text: "version 2")
@@ -258,7 +258,7 @@ struct PollTests {
         let w = try scene.fs.lookup(parent: root, name: "w")
         let v = try scene.fs.lookup(parent: w.inode, name: "v")
         _ = try scene.fs.lookup(parent: v.inode, name: "file")
-        scene.fs.waitForListingsAhead()
+        scene.fs.namespace.waitForListingsAhead()
         let listed = Locked<[String]>([])
         scene.store.afterEachAnswer { call in if call.operation == .list { listed.withLock { $0.append(call.key) } } }
         scene.fs.pollOnce()

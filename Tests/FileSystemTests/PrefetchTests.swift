@@ -257,8 +257,8 @@ struct PrefetchTests {
         let (job, answer) = try headOf(fs, store, "b", in: d, entry: DirectoryBuilder.directory("b", key: "d/b/"))
         try fs.rename(parent: Filesystem.rootInode, name: "b", newParent: d, newName: "b", noReplace: false)
         // Both nodes are at attribute version 0: the version alone cannot tell them apart.
-        #expect(try fs.node(b).attributeVersion == 0)
-        fs.applyPrefetched(job, answer: answer)
+        #expect(try fs.namespace.node(b).attributeVersion == 0)
+        fs.namespace.applyPrefetched(job, answer: answer)
         #expect(try fs.getattr(b).permissions == 0o700)
     }
 
@@ -270,7 +270,7 @@ struct PrefetchTests {
         let (job, answer) = try headOf(fs, store, "b", in: d, entry: DirectoryBuilder.directory("b", key: "d/b/"))
         try fs.rmdir(parent: d, name: "b")
         let b = try fs.mkdir(parent: d, name: "b", mode: 0o700, caller: Self.caller).inode
-        fs.applyPrefetched(job, answer: answer)
+        fs.namespace.applyPrefetched(job, answer: answer)
         #expect(try fs.getattr(b).permissions == 0o700)
     }
 
@@ -286,7 +286,7 @@ struct PrefetchTests {
         #expect(job.inode == nil)
         try fs.rmdir(parent: d, name: "b")
         let b = try fs.mkdir(parent: d, name: "b", mode: 0o700, caller: Self.caller).inode
-        fs.applyPrefetched(job, answer: answer)
+        fs.namespace.applyPrefetched(job, answer: answer)
         #expect(try fs.getattr(b).permissions == 0o700)
     }
 
@@ -300,8 +300,8 @@ struct PrefetchTests {
         let (job, answer) = try headOf(fs, store, "f", in: d, entry: listed)
         try fs.rename(parent: Filesystem.rootInode, name: "x", newParent: d, newName: "f", noReplace: false)
         // Two empty objects: the same ETag, so the ETag check cannot tell them apart either.
-        #expect(try fs.node(x).etag == answer.info?.etag)
-        fs.applyPrefetched(job, answer: answer)
+        #expect(try fs.namespace.node(x).etag == answer.info?.etag)
+        fs.namespace.applyPrefetched(job, answer: answer)
         #expect(try fs.getattr(x).permissions == 0o600)
     }
 }

@@ -64,7 +64,7 @@ struct WalkListingTests {
 
     /// What `find` sees: every directory's names and each file's size, depth first.
     func walk(_ fs: Filesystem, _ inode: InodeNumber, _ path: String, into seen: inout [String], settle: Bool) throws {
-        if settle { fs.waitForListingsAhead() }
+        if settle { fs.namespace.waitForListingsAhead() }
         for name in try fs.names(in: inode) {
             let attributes = try fs.lookup(parent: inode, name: name)
             seen.append("\(path)/\(name) \(attributes.kind) \(attributes.kind == .directory ? 0 : attributes.size) \(String(attributes.permissions, radix: 8))")
@@ -115,11 +115,11 @@ struct WalkListingTests {
         let t = try fs.lookup(parent: root, name: "t")
         #expect(try fs.names(in: t.inode).count == Self.directories + 2, "d305.txt and d317 besides")
         for n in 1...6 {
-            fs.waitForListingsAhead()
+            fs.namespace.waitForListingsAhead()
             let d = try fs.lookup(parent: t.inode, name: String(format: "d%03d", n))
             _ = try fs.names(in: d.inode)
         }
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         let last = Self.directories / 10 * 10
         let changed = try fs.lookup(parent: t.inode, name: String(format: "d%03d", last))
         _ = try fs.storeFile(changed.inode, "new", Array("new".utf8))
@@ -207,17 +207,17 @@ extension WalkListingTests {
             let looked = try fs.lookup(parent: t.inode, name: name)
             if looked.kind == .directory { directories.append(looked.inode) }
         }
-        fs.waitForListingsAhead()
+        fs.namespace.waitForListingsAhead()
         // 10 directories a second: 50 in dir_timeout; the walk listing's first ones expire.
         for directory in directories {
             // (Every directory but d317, which holds two others only, has an "a".)
             _ = try? fs.lookup(parent: directory, name: "a")
             clock.advance(0.1)
         }
-        let window = fs.listingsAhead.ahead.withLock {
+        let window = fs.namespace.listingsAhead.ahead.withLock {
             $0.window(minimum: ListingsAhead.listAheadMinimumWindow, limit: FilesystemConfiguration().listAheadWindow, now: clock.now)
         }
-        #expect(fs.listingsAhead.ahead.withLock { $0.expiredAt } > 0, "no listing expired: the walk was not slower")
+        #expect(fs.namespace.listingsAhead.ahead.withLock { $0.expiredAt } > 0, "no listing expired: the walk was not slower")
         #expect(window >= 20, "window \(window)")
     }
 

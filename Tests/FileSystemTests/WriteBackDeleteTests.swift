@@ -90,7 +90,7 @@ struct WriteBackDeleteTests {
         let fs = makeFilesystem(store, clock: clock)
         try fs.unlink(parent: root, name: "f")
         // Past the window in which a second lookup lists the directory: this one asks with a HEAD.
-        clock.advance(Filesystem.lookupListingWindow + 1)
+        clock.advance(Namespace.lookupListingWindow + 1)
         store.afterEachAnswer { call in
             guard call.operation == .head, call.key == "f" else { return }
             store.afterEachAnswer(nil)

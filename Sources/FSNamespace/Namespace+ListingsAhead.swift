@@ -1,14 +1,11 @@
 import FSCore
-import FSFiles
-import FSJournal
-import FSNamespace
 import ObjectStore
 
 // The filesystem as the host of the namespace room's listings ahead and walk listings
 // (`ListingsAhead`, `WalkListing` in FSNamespace): what they read of the tables under `names`,
 // and the background HEADs of directory markers. The calls the rest of the facade makes pass
 // `self` as the host.
-extension Filesystem {
+extension Namespace {
     package func withoutFreshListings(_ directories: [DirectoryEntry], in parent: InodeNumber, now: Double)
         -> [DirectoryEntry]
     {
@@ -40,18 +37,18 @@ extension Filesystem {
         recordPrefetched(directory, answer: .some(nil), askedAt: askedAt)
     }
 
-    func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
+    package func listAhead(subdirectoriesOf entries: some Collection<DirectoryEntry>, in parent: InodeNumber) {
         listingsAhead.listAhead(subdirectoriesOf: entries, in: parent, self)
     }
 
-    func readerFromListingAhead(_ directory: Node, dropQueued: Bool = true) -> DirectoryReader? {
+    package func readerFromListingAhead(_ directory: Node, dropQueued: Bool = true) -> DirectoryReader? {
         listingsAhead.readerFromListingAhead(directory, dropQueued: dropQueued, self)
     }
 
-    func noteReaddir(of directory: Node) { listingsAhead.noteReaddir(of: directory, self) }
+    package func noteReaddir(of directory: Node) { listingsAhead.noteReaddir(of: directory, self) }
 
     package func dropListingsAhead(of keys: [String]?) { listingsAhead.dropListingsAhead(of: keys) }
 
     /// Waits until no listing ahead is queued or running (tests).
-    func waitForListingsAhead() { listingsAhead.waitForListingsAhead() }
+    package func waitForListingsAhead() { listingsAhead.waitForListingsAhead() }
 }

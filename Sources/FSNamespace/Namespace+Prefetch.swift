@@ -1,16 +1,12 @@
 import BlockCache
 import Dispatch
 import FSCore
-import FSFiles
-import FSJournal
-import FSNamespace
 import ObjectStore
-import Synchronization
 
 // The filesystem as the host of the namespace room's background HEADs (`BackgroundHeads` in
 // FSNamespace): the node tables under `names` they read and write, and the calls the rest of the
 // facade makes, with `self` as the host.
-extension Filesystem {
+extension Namespace {
     var metadataIndex: MetadataIndex? { configuration.metadataIndex }
 
     package func nodes(of entries: [DirectoryEntry], in parent: InodeNumber) -> [ExactString: InodeNumber] {
@@ -49,13 +45,13 @@ extension Filesystem {
 
     /// Whether the attributes of `entry` need a HEAD's answer before the mount reports them:
     /// a foreign file with `foreign_attrs=head`.
-    func awaitsHead(_ entry: DirectoryEntry) -> Bool {
+    package func awaitsHead(_ entry: DirectoryEntry) -> Bool {
         configuration.foreignAttributes == .head && BackgroundHeads.isForeign(entry)
     }
 
     /// `prefetchedMetadata(entry, wait: true)` for a lookup: a directory's marker may come from
     /// a walk listing under way (or one its lookup starts) instead of a HEAD of its own.
-    func prefetchedMetadataForLookup(_ entry: DirectoryEntry) -> PrefetchResult {
+    package func prefetchedMetadataForLookup(_ entry: DirectoryEntry) -> PrefetchResult {
         if entry.kind == .directory {
             if case .known(let answer) = prefetchedMetadata(entry, wait: false) { return .known(answer) }
             listingsAhead.awaitMarkerFromWalk(entry, self)
@@ -63,24 +59,24 @@ extension Filesystem {
         return prefetchedMetadata(entry, wait: true)
     }
 
-    func forgetPrefetched(keys: [String], prefixes: [String] = []) {
+    package func forgetPrefetched(keys: [String], prefixes: [String] = []) {
         backgroundHeads.forgetPrefetched(keys: keys, prefixes: prefixes, self)
     }
 
-    func prefetchMetadata(of entries: PackedEntries, in parent: InodeNumber) {
+    package func prefetchMetadata(of entries: PackedEntries, in parent: InodeNumber) {
         backgroundHeads.prefetchMetadata(of: entries, in: parent, self)
     }
 
-    func prefetchAhead(of key: String, in parent: InodeNumber, listedAt: UInt64, following: (Int) -> [DirectoryEntry]) {
+    package func prefetchAhead(of key: String, in parent: InodeNumber, listedAt: UInt64, following: (Int) -> [DirectoryEntry]) {
         backgroundHeads.prefetchAhead(of: key, in: parent, listedAt: listedAt, following: following, self)
     }
 
     @discardableResult
-    func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??, askedAt: UInt64) -> Bool {
+    package func recordPrefetched(_ entry: DirectoryEntry, answer: ObjectInfo??, askedAt: UInt64) -> Bool {
         backgroundHeads.recordPrefetched(entry, answer: answer, askedAt: askedAt, self)
     }
 
-    func prefetchedMetadata(_ entry: DirectoryEntry, wait: Bool, listedAt: UInt64? = nil) -> PrefetchResult {
+    package func prefetchedMetadata(_ entry: DirectoryEntry, wait: Bool, listedAt: UInt64? = nil) -> PrefetchResult {
         backgroundHeads.prefetchedMetadata(entry, wait: wait, listedAt: listedAt, self)
     }
 
@@ -89,8 +85,8 @@ extension Filesystem {
     }
 
     /// Returns when every background HEAD queued so far has ended (tests).
-    public func waitForPrefetch() { backgroundHeads.waitUntilIdle() }
+    package func waitForPrefetch() { backgroundHeads.waitUntilIdle() }
 
     /// Drops queued HEADs and queues no more (unmount).
-    public func stopPrefetching() { backgroundHeads.stop() }
+    package func stopPrefetching() { backgroundHeads.stop() }
 }

@@ -1,12 +1,8 @@
 import Dispatch
 import FSCore
-import FSFiles
-import FSJournal
-import FSNamespace
 import Locking
 import Logging
 import ObjectStore
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -14,12 +10,11 @@ import Glibc
 
 // Lookups: a name in a directory, from a remembered listing, a readdir under way, or the
 // server (HEAD and a one-entry listing at once), and forget.
-extension Filesystem {
+extension Namespace {
     // MARK: Lookup
 
     /// Resolves `name` in directory `parent`; on success the kernel holds one more lookup on it.
-    public func lookup(parent: InodeNumber, name: String) throws(FSError) -> Attributes {
-        defer { boundNodes() }
+    package func lookup(parent: InodeNumber, name: String) throws(FSError) -> Attributes {
         // An answer from before a change made here that no node remembers is asked again
         // (DirectoryCache rule 4); the last try takes what it gets, unless this mount removed the
         // name after the answer (see `link`).
@@ -50,7 +45,7 @@ extension Filesystem {
     /// names that lead to it. Such a directory is there whatever a listing says (another client
     /// removed every other key below it): a listing that lacks it keeps it, lookups find it and
     /// readdir shows it, as it does the file (its upload makes the directory again).
-    func directoriesHoldingFilesBeingWritten(in s: NamespaceTables) -> Set<InodeNumber> {
+    package func directoriesHoldingFilesBeingWritten(in s: NamespaceTables) -> Set<InodeNumber> {
         var holding = Set<InodeNumber>()
         for open in s.spools.keys {
             var current = s.inodes[open]
@@ -61,11 +56,11 @@ extension Filesystem {
         return holding
     }
 
-    static let lookupAttempts = 3
+    package static let lookupAttempts = 3
 
     /// `lookup`; nil when the answer predates a change made here (DirectoryCache rule 4) and
     /// this is not the `lastTry`.
-    func lookupOnce(parent: InodeNumber, name: String, lastTry: Bool) throws(FSError) -> Attributes? {
+    package func lookupOnce(parent: InodeNumber, name: String, lastTry: Bool) throws(FSError) -> Attributes? {
         let directory = try node(parent)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "lookup in a file") }
         guard DirectoryBuilder.isValidName(name) else {
@@ -216,7 +211,7 @@ extension Filesystem {
     /// without reading its directories), and a listing made here sends the subdirectories'
     /// listings ahead, as a readdir's does.
     /// Returns the listing, when it was asked and the change count it is current as of.
-    func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64, since: UInt64)? {
+    package func listForLookups(_ directory: Node) throws(FSError) -> (EntryTable, askedAt: UInt64, since: UInt64)? {
         let inode = directory.inode
         if let reader = readerFromListingAhead(directory, dropQueued: false), let entries = reader.completeEntries() {
             let table = remember(reader, entries, for: inode)
@@ -268,17 +263,17 @@ extension Filesystem {
         try reader.readWhole(limit: limit, resolvingWith: self)
     }
 
-    static let lookupListingWindow = ListingsAhead.lookupListingWindow
-    static let lookupListingWait = ListingsAhead.lookupListingWait
-    static let lookupListingLimit = 100_000
+    package static let lookupListingWindow = ListingsAhead.lookupListingWindow
+    package static let lookupListingWait = ListingsAhead.lookupListingWait
+    package static let lookupListingLimit = 100_000
     /// Changes made here are applied to the listings that follow for `dir_timeout`, but at least
     /// 2 s (container listings lag behind writes) and at most 30 (memory; DirectoryCache rule 2).
-    static func journalSeconds(directoryTimeout: Double) -> Double { min(max(directoryTimeout, 2), 30) }
+    package static func journalSeconds(directoryTimeout: Double) -> Double { min(max(directoryTimeout, 2), 30) }
 
     /// Stores the complete listing `entries` of directory `inode` that `reader` read, with this
     /// mount's recent changes applied (DirectoryCache rule 2); returns it as a table.
     @discardableResult
-    func remember(_ reader: DirectoryReader, _ entries: PackedEntries, for inode: InodeNumber) -> EntryTable {
+    package func remember(_ reader: DirectoryReader, _ entries: PackedEntries, for inode: InodeNumber) -> EntryTable {
         let listed = EntryTable(entries)
         let table = names.withLock { s in rememberLocked(reader, listed, for: inode, in: &s) }
         prefetchMetadata(of: entries, in: inode)
@@ -287,7 +282,7 @@ extension Filesystem {
 
     /// `remember`, under the state lock, of a table made before it (the caller prefetches
     /// metadata after).
-    func rememberLocked(
+    package func rememberLocked(
         _ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, confirmed: Set<ExactString> = [],
         in s: inout NamespaceTables
     ) -> EntryTable {
@@ -325,7 +320,7 @@ extension Filesystem {
 
     /// The name a listing of `directory` never shows: the multipart parts prefix at the root.
     package func hiddenName(in directory: Node) -> String? {
-        directory.key.isEmpty ? String(Self.partsPrefix.dropLast()) : nil
+        directory.key.isEmpty ? String(manifestPartsPrefix.dropLast()) : nil
     }
 
     /// Creates or updates the node for `entry` and counts one kernel lookup.
@@ -336,7 +331,7 @@ extension Filesystem {
     /// `lastTry` (a lookup that asked `lookupAttempts` times, each answer older than a change
     /// here): a removal here after the answer is final (notFound), the answer is taken when the
     /// journal forgot what came after it or when only a HEAD would describe this mount's entry.
-    func link(
+    package func link(
         _ answer: DirectoryEntry, parent: InodeNumber, listedAt answerAskedAt: UInt64, since: UInt64?,
         lastTry: Bool = false, head answerHead: HeadAnswer?, fresh: Bool = false, in s: inout NamespaceTables
     ) throws(FSError) -> Attributes? {
@@ -378,13 +373,13 @@ extension Filesystem {
 
     /// Whether a listing entry alone describes its object (no HEAD needed): not a directory
     /// (attributes on its marker), not a zero-byte file (maybe a DLO manifest).
-    static func describesWhole(_ entry: DirectoryEntry) -> Bool {
+    package static func describesWhole(_ entry: DirectoryEntry) -> Bool {
         entry.kind != .directory && !(entry.kind == .file && entry.size == 0)
     }
 
     /// The key of a listed entry below the parent's current key: a listing that started before
     /// the parent was renamed names the old place (DirectoryCache rule 3).
-    static func key(of entry: DirectoryEntry, below parentKey: String) -> String {
+    package static func key(of entry: DirectoryEntry, below parentKey: String) -> String {
         var component = Substring(entry.key)
         if entry.kind == .directory { component = component.dropLast() }
         if let slash = component.lastIndex(of: "/") { component = component[component.index(after: slash)...] }
@@ -392,12 +387,12 @@ extension Filesystem {
     }
 
     /// Whether `name` in `directory` is the reserved parts prefix (only at the container root).
-    func isHidden(_ name: String, in directory: Node) -> Bool {
-        directory.kind == .directory && directory.key.isEmpty && (name + "/").isSameKey(as: Self.partsPrefix)
+    package func isHidden(_ name: String, in directory: Node) -> Bool {
+        directory.kind == .directory && directory.key.isEmpty && (name + "/").isSameKey(as: manifestPartsPrefix)
     }
 
     /// Finds `name` below `prefix` on the server: HEAD of the object, a peek below `name/`.
-    func resolve(name: String, prefix: String) throws(FSError) -> (DirectoryEntry, ObjectInfo?) {
+    package func resolve(name: String, prefix: String) throws(FSError) -> (DirectoryEntry, ObjectInfo?) {
         let key = prefix + name
         var file: ObjectInfo? = nil
         var children: [ListEntry] = []
@@ -437,7 +432,7 @@ extension Filesystem {
     }
 
     /// `x~object`: the file `x` hidden by a directory `x`.
-    func resolveShadowed(alias: String, prefix: String) throws(FSError) -> (DirectoryEntry, ObjectInfo?) {
+    package func resolveShadowed(alias: String, prefix: String) throws(FSError) -> (DirectoryEntry, ObjectInfo?) {
         let name = String(alias.dropLast(DirectoryBuilder.shadowSuffix.count))
         guard DirectoryBuilder.isValidName(name) else { throw FSError(.notFound, "no '\(alias)' in '\(prefix)'") }
         let (resolved, _) = try resolve(name: name, prefix: prefix)
@@ -453,7 +448,7 @@ extension Filesystem {
     }
 
     /// The kernel dropped `count` lookups of `inode`.
-    public func forget(_ inode: InodeNumber, count: UInt64) {
+    package func forget(_ inode: InodeNumber, count: UInt64) {
         names.withLock { s in
             // The listing first, when this drops the node: the next lookup makes a node from
             // the remembered entry, which may describe a version older than the node knew

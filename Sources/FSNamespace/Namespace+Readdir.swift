@@ -1,12 +1,8 @@
 import Dispatch
 import FSCore
-import FSFiles
-import FSJournal
-import FSNamespace
 import Locking
 import Logging
 import ObjectStore
-import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -14,10 +10,10 @@ import Glibc
 
 // Directories: opendir, readdir(plus), the walk of one directory handle, and the collision rule's
 // HEADs. Listings come from the namespace room (DirectoryCache, DirectoryReader).
-extension Filesystem {
+extension Namespace {
     // MARK: Directories
 
-    public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
+    package func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
         let directory = try node(inode)
         guard directory.kind == .directory else { throw FSError(.notADirectory, "opendir of a file") }
         return names.withLock { s in
@@ -27,7 +23,7 @@ extension Filesystem {
 
     /// The listing of `directory` as it is now: a remembered one younger than dir_timeout (which
     /// our own changes keep current; `ls -l` twice in a row costs one LIST), else the server's.
-    func directoryReader(_ directory: Node) -> DirectoryReader {
+    package func directoryReader(_ directory: Node) -> DirectoryReader {
         noteReaddir(of: directory)
         let remembered: (PackedEntries, askedAt: UInt64, count: UInt64)? = names.withLock { s in
             guard
@@ -42,7 +38,7 @@ extension Filesystem {
     }
 
     /// One thing readdir shows.
-    enum Item {
+    package enum Item {
         case dot(String, InodeNumber)
         /// A name from the listing, asked for at `askedAt` (the attribute rule) when the
         /// directory's change count was `since` (DirectoryCache rule 4).
@@ -52,7 +48,7 @@ extension Filesystem {
     }
 
     /// Emits entries from `offset` on; `emit(name, kind, inode, nextOffset)` returns false when full.
-    public func readdir(
+    package func readdir(
         _ inode: InodeNumber, handle: UInt64, offset: Int64,
         emit: (String, NodeKind, InodeNumber, Int64) -> Bool
     ) throws(FSError) {
@@ -71,11 +67,10 @@ extension Filesystem {
     /// fully (each counts as a kernel lookup). Directories and zero-byte files, whose attributes
     /// need a HEAD, come without (nil): the kernel looks them up when it needs them.
     /// `emit(name, kind, inode, attributes, nextOffset)` returns false when full.
-    public func readdirplus(
+    package func readdirplus(
         _ inode: InodeNumber, handle: UInt64, offset: Int64,
         emit: (String, NodeKind, InodeNumber, Attributes?, Int64) -> Bool
     ) throws(FSError) {
-        defer { boundNodes() }
         try walk(inode, handle: handle, offset: offset) { item, next in
             // Another tool's object: its metadata headers if a HEAD (or the index) has them;
             // else, with `foreign_attrs=head`, the name alone (the kernel looks it up if the
@@ -124,7 +119,7 @@ extension Filesystem {
         }
     }
 
-    func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
+    package func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
         guard var open = names.withLock({ $0.directoryHandles[handle] }) else {
             throw FSError(.invalidArgument, "unknown directory handle \(handle)")
         }
@@ -168,7 +163,7 @@ extension Filesystem {
 
     /// The attributes of a file with a spool (its bytes not all stored: the spool describes it,
     /// not the server), counting one kernel lookup; nil without a spool.
-    func lookUpSpooled(_ inode: InodeNumber, in s: inout NamespaceTables) -> Attributes? {
+    package func lookUpSpooled(_ inode: InodeNumber, in s: inout NamespaceTables) -> Attributes? {
         guard var node = s.inodes[inode], let open = s.spools[inode] else { return nil }
         s.inodes.countLookup(inode)
         node.size = open.size
@@ -178,7 +173,7 @@ extension Filesystem {
     /// The kind and inode number readdir shows for `name`: its node's, else one reserved for it,
     /// which the node a later lookup makes will take (so that d_ino and st_ino agree).
     /// `local`: the node of a file being written, which the listing lacks.
-    func shownInode(
+    package func shownInode(
         _ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil
     ) -> (kind: NodeKind, inode: InodeNumber) {
         names.withLock { s in
@@ -199,7 +194,7 @@ extension Filesystem {
 
     /// After the listing: remember it (once per reader), then emit what this mount made that
     /// the listing lacks: names it recorded (DirectoryCache rule 2) and files open, not stored yet.
-    func finishListing(
+    package func finishListing(
         _ reader: DirectoryReader, for inode: InodeNumber, from index: Int, emit: (Item, Int64) -> Bool
     ) {
         guard let entries = reader.completeEntries() else { return }
@@ -253,7 +248,7 @@ extension Filesystem {
         }
     }
 
-    public func releasedir(handle: UInt64) {
+    package func releasedir(handle: UInt64) {
         names.withLock { s in
             if let reader = s.directoryHandles[handle]?.reader {
                 for (inode, current) in s.readers where current.reader === reader { s.readers[inode] = nil }
@@ -284,7 +279,7 @@ extension Filesystem {
     }
 
     /// Records a change we made in the remembered listing of `parent` (nil entry = removed).
-    func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout NamespaceTables) {
+    package func updateListing(_ parent: InodeNumber, name: String, entry: DirectoryEntry?, in s: inout NamespaceTables) {
         s.directories.record(parent, name: name, entry: entry, now: now())
     }
 
@@ -293,7 +288,7 @@ extension Filesystem {
     /// alone). `comparingTimes`: the modification time too, for a node this mount changed;
     /// not for one the kernel forgets, since other tools' objects carry their time in a header
     /// only a HEAD shows, and every such node would be recorded as changed here.
-    func correctListing(describing node: Node, comparingTimes: Bool, in s: inout NamespaceTables) {
+    package func correctListing(describing node: Node, comparingTimes: Bool, in s: inout NamespaceTables) {
         guard let listing = s.directories.anyListing(node.parent), !listing.dropped,
             let listed = listing.entries[node.name.exact]
         else { return }
@@ -306,7 +301,7 @@ extension Filesystem {
     }
 
     /// Records what we stored for `node` in its directory's listing, if a name still leads to it.
-    func updateListing(describing node: Node, in s: inout NamespaceTables) {
+    package func updateListing(describing node: Node, in s: inout NamespaceTables) {
         guard s.inodes.child(node.parent, node.name)?.inode == node.inode else { return }
         s.directories.record(node.parent, name: node.name, entry: node.listingEntry, now: now())
     }
