@@ -187,7 +187,7 @@ public struct FilesystemConfiguration: Sendable {
     /// `excl_create=server`: an exclusive create stores its empty file with If-None-Match before
     /// the open returns (issue 22); false: the name is checked by this mount only.
     public var serverExclusiveCreates = false
-    /// `poll_s`: seconds between the polls of `Filesystem+Poll` once `startPolling` is called;
+    /// `poll_s`: seconds between the polls of `Poller` once `startPolling` is called;
     /// 0: none (tests call `pollOnce` themselves).
     public var pollSeconds: Double = 0
     /// Parts uploaded at once.

@@ -137,12 +137,12 @@ package struct DirectoryCache {
 
     /// The names of `directory` were used at `now` (the filesystem's clock): it was read, a
     /// file in it was looked up, or something in it changed here. Passing through it on the way
-    /// to a subdirectory is not a use (`Filesystem+Poll` lists the directories used).
+    /// to a subdirectory is not a use (`Poller` lists the directories used).
     package mutating func noteNamesUsed(_ directory: InodeNumber, now: Double) {
         usedAt[directory] = now
     }
 
-    /// Directories whose names were used at `time` or later (polling, `Filesystem+Poll`).
+    /// Directories whose names were used at `time` or later (polling, `Poller`).
     package func usedSince(_ time: Double) -> [InodeNumber] { usedAt.compactMap { $0.value >= time ? $0.key : nil } }
 
     /// Every remembered listing expires (the container changed, who knows where): the next
@@ -284,7 +284,7 @@ package struct DirectoryCache {
 
     /// Files made here before a listing that started at change count `startedAt` and that it
     /// lacks: a listing lagging behind this mount's writes, or another client's removal since.
-    /// Only a HEAD tells which (`Filesystem+Poll`). (A name removed here that the store still
+    /// Only a HEAD tells which (`Poller`). (A name removed here that the store still
     /// lists is left out of the listing's pages by its reader: not checked.)
     package func madeHereButNotListed(_ directory: InodeNumber, by entries: EntryTable, startedAt: UInt64) -> [ExactString] {
         var latest: [ExactString: DirectoryEntry?] = [:]

@@ -101,7 +101,7 @@ package final class DirectoryReader: Sendable {
     }
 
     /// A reader of a whole listing given as one page, in the order a delimiter listing has
-    /// (`WalkListing`, `Filesystem+Poll`): read as a page from the server would be.
+    /// (`WalkListing`, `Poller`): read as a page from the server would be.
     package init(
         prefix: String, page: ListPage, hidden: String? = nil, removedHere: Set<ExactString> = [], startedAt: UInt64,
         askedAt: UInt64

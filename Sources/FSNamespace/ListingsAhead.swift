@@ -264,7 +264,7 @@ package final class ListingsAhead: Sendable {
     }
 
     /// Drops the fetched listings ahead of the directories at `keys` (nil: of every directory),
-    /// which may no longer be true (`Filesystem+Poll`): their readdirs list again.
+    /// which may no longer be true (`Poller`): their readdirs list again.
     package func dropListingsAhead(of keys: [String]?) {
         ahead.withLock { a in
             for key in keys?.map(\.exact) ?? Array(a.slots.keys) {

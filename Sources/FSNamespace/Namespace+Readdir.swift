@@ -140,7 +140,7 @@ extension Namespace {
         let parent = names.withLock { s in
             s.directories.touch(inode)
             s.directories.noteNamesUsed(inode, now: now())
-            // A reader still being read serves lookups (`State.readers`): `ls -l` of 200 000
+            // A reader still being read serves lookups (`NamespaceTables.readers`): `ls -l` of 200 000
             // names reads for minutes when each needs a HEAD.
             if s.readers[inode]?.reader === reader { s.readers[inode]?.at = now() }
             return s.inodes[inode]?.parent

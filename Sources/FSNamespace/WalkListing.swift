@@ -426,7 +426,7 @@ extension ListingsAhead {
     }
 
     /// Every directory's listing in `entries`, one whole flat listing of the subtree at `base`
-    /// (`Filesystem+Poll`): as its own delimiter listing would show it (subtlety 2), by the
+    /// (`Poller`): as its own delimiter listing would show it (subtlety 2), by the
     /// directory's key; one with no keys is absent (its listing is empty). `tooLarge`: those of
     /// more than `listAheadEntryLimit` entries, which are not made.
     package static func directoryListings(

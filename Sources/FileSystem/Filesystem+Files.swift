@@ -286,7 +286,7 @@ extension Filesystem {
     /// one opened with the kernel's pages kept, which the kernel may have served some of without
     /// asking (a file partly in its page cache). The next open then starts afresh.
     /// A handle held open (longer than `attr_timeout`) whose node learned of another client's
-    /// version since (a poll, a HEAD, a listing: `Filesystem+Poll` subtlety 4) reads no more of
+    /// version since (a poll, a HEAD, a listing: `Poller` subtlety 4) reads no more of
     /// the old one, which the block cache may still hold: `anotherVersionKnown`.
     private func read(
         _ reader: FileReader, handle number: UInt64, inode: InodeNumber, offset: Int64, length: Int,

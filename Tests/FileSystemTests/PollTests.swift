@@ -11,7 +11,7 @@ import Testing
 @testable import FSNamespace
 @testable import FileSystem
 
-/// Change notification (issue 22, `Filesystem+Poll`): one request a tick shows another client's
+/// Change notification (issue 22, `Poller`): one request a tick shows another client's
 /// changes in this mount, and drops what the kernel holds of them.
 struct PollTests {
     let root = Filesystem.rootInode
