@@ -159,16 +159,7 @@ package struct Uploader {
         guard prefix.utf8.starts(with: manifestPartsPrefix.utf8) || prefix.utf8.starts(with: (key + "/").utf8),
             prefix.hasSuffix("/"), prefix.count > manifestPartsPrefix.count, !sharedParts.contains(manifest)
         else { return }
-        deleteAll(prefix: prefix)
-    }
-
-    /// Best-effort delete of every key below `prefix`.
-    package func deleteAll(prefix: String) {
-        guard let keys = try? store.listAll(prefix: prefix, delimiter: nil).map(\.name) else { return }
-        let store = self.store
-        _ = pool.forEach(keys.count, width: 8) { (index) throws(ObjectStoreError) in
-            _ = try? store.delete(key: keys[index])
-        }
+        store.deleteAll(prefix: prefix)
     }
 
     package init(store: any ObjectStore, pool: BackgroundPool, threshold: Int64, partSize: Int64, concurrency: Int, sharedParts: SharedParts, transfers: Transfers) {

@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Dispatch
 
 /// One object being uploaded in parts: begun, parts sent, then finished under a key or aborted.
 /// What `id` means belongs to the store (Swift: the prefix its parts go under).
@@ -124,15 +123,6 @@ extension ManifestStore {
     }
 
     public func uploadETag(partETags: [String]) -> String { manifestETag(partETags: partETags) }
-
-    /// Best-effort delete of every key below `prefix`, 8 at a time.
-    public func deleteAll(prefix: String) {
-        guard let keys = try? listAll(prefix: prefix, delimiter: nil).map(\.name), !keys.isEmpty else { return }
-        let width = min(8, keys.count)
-        DispatchQueue.concurrentPerform(iterations: width) { lane in
-            for index in stride(from: lane, to: keys.count, by: width) { try? delete(key: keys[index]) }
-        }
-    }
 
     /// Lists the part prefix until it shows exactly the parts of this upload with their ETags
     /// and sizes (listings may lag behind fresh PUTs), a few times before giving up.

@@ -10,6 +10,7 @@ import Glibc
 // 3. ETags are stored unquoted, lower-case hex; a DLO's ETag is the MD5 of its parts' ETags.
 // 4. Every call is synchronous and may block: callers run them on FUSE worker threads or on a
 //    pool they own, never on Swift's cooperative pool.
+import Dispatch
 import Synchronization
 
 /// The part of a container listing below one prefix, one page long.
@@ -260,6 +261,15 @@ extension ObjectStore {
         throws(ObjectStoreError) -> ListPage
     {
         try list(prefix: prefix, delimiter: delimiter, marker: marker, limit: limit).ending(before: endMarker)
+    }
+
+    /// Best-effort delete of every key below `prefix`, 8 at a time.
+    public func deleteAll(prefix: String) {
+        guard let keys = try? listAll(prefix: prefix, delimiter: nil).map(\.name), !keys.isEmpty else { return }
+        let width = min(8, keys.count)
+        DispatchQueue.concurrentPerform(iterations: width) { lane in
+            for index in stride(from: lane, to: keys.count, by: width) { try? delete(key: keys[index]) }
+        }
     }
 
     /// Reads the whole listing below `prefix`, page after page.
