@@ -31,9 +31,9 @@ import Glibc
 //   2b. `SpoolFile.noteLock` (Locked, one per spool): a spool's journal note and what it says
 //      (node, state) written or removed together. HELD ACROSS LOCAL DISK I/O (the note's write
 //      and fsync), never network I/O; takes 3 and 4 inside, never 1 or 2.
-//   3. `names` (Locked<NamespaceTables>, the namespace room's tables): the inode table, directory
-//      cache, readers, directory handles and the bound. Never held across I/O (network, SQLite,
-//      spool files) or a FUSE reply.
+//   3. `names` (Locked<NamespaceTables>, the namespace room's tables, `Namespace.names`): the
+//      inode table, directory cache, readers, directory handles, the bound and the spools it knows
+//      of. Never held across I/O (network, SQLite, spool files) or a FUSE reply.
 //   3b. `files` (Locked<FileTables>, the files room's tables): file handles, spools by inode,
 //      uploads under way. Taken alone, or inside `names` by `withTables` only (one look at a node
 //      and its spool: the facade is the only code that takes both). Never held across I/O.
@@ -47,7 +47,7 @@ import Glibc
 //      listings; a walk listing's `scan` is taken inside it, or alone. Never taken together with
 //      3, 3b or 6 (what it needs of them, `ListingsAheadHost`, is asked outside it).
 //   7. Leaf locks, taken alone and never across I/O: `DirectoryReader.state`, `FileReader.state`
-//      and its blocks, `EarlyParts.state`, `KernelCache`, the block cache's own.
+//      and its blocks, `EarlyParts.state`, `KernelCache`, `Poller`'s table, the block cache's own.
 // No lock of this module is held while calling into the FUSE layer.
 
 /// The filesystem semantics of a container: inodes, directories from listings, reads, writes
@@ -56,8 +56,8 @@ import Glibc
 ///
 /// Subtleties:
 /// 1. Nodes, names and lookup counts belong to `InodeTable`; listings to `DirectoryCache`; open
-///    handles to `FileHandles` and `DirectoryHandles`; each spool's life to `SpoolState`. The tables
-///    are value types in the rooms' `NamespaceTables` and `FileTables`, and no other code writes them.
+///    file and directory handles to `Handles`; each spool's life to `SpoolState`. The tables are
+///    value types in the rooms' `NamespaceTables` and `FileTables`, and no other code writes them.
 /// 2. A complete directory listing is remembered for `directoryCacheSeconds` and answers lookups
 ///    in that directory, which is what makes `ls -l` cost one listing instead of a HEAD per entry.
 ///    Zero-byte files (possible DLO manifests) and directories (whose attributes live on a
