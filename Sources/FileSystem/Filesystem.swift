@@ -199,8 +199,8 @@ public final class Filesystem: Sendable, PollHost {
         try names.withLock { (n) throws(E) -> T in try files.withLock { (f) throws(E) -> T in try body(&n, &f) } }
     }
 
-    /// Seconds on the configuration's clock (monotonic by default): every cache age is measured here.
-    package func now() -> Double { configuration.clock?() ?? monotonicNow() }
+    /// Seconds on the configuration's clock (`Namespace.now`, the one rule): every cache age is measured here.
+    package func now() -> Double { namespace.now() }
 
 
     // MARK: Attributes
