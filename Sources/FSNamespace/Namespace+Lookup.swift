@@ -275,7 +275,7 @@ extension Namespace {
     @discardableResult
     package func remember(_ reader: DirectoryReader, _ entries: PackedEntries, for inode: InodeNumber) -> EntryTable {
         let listed = EntryTable(entries)
-        let table = names.withLock { s in rememberLocked(reader, listed, for: inode, in: &s) }
+        let table = names.withLock { s in rememberLocked(reader, listed, for: inode, in: &s).table }
         prefetchMetadata(of: entries, in: inode)
         return table
     }
@@ -285,8 +285,11 @@ extension Namespace {
     package func rememberLocked(
         _ reader: DirectoryReader, _ listed: EntryTable, for inode: InodeNumber, confirmed: Set<ExactString> = [],
         in s: inout NamespaceTables
-    ) -> EntryTable {
-        guard s.inodes[inode] != nil else { return listed }
+    ) -> (table: EntryTable, remembered: Bool) {
+        guard s.inodes[inode] != nil else { return (listed, false) }
+        // Keys below it, or the directory itself, are being moved: what the store listed is
+        // neither the old tree nor the new.
+        guard !s.isMoving(reader.prefix) else { return (listed, false) }
         let (table, remembered) = s.directories.remember(
             listed, for: inode, now: now(), startedAt: reader.startedAt, askedAt: reader.askedAt,
             stillListed: reader.stillListed, confirmed: confirmed
@@ -295,7 +298,7 @@ extension Namespace {
             guard let node = s.inodes.child(inode, name.string), node.kind != .directory else { return nil }
             return node.listingEntry
         }
-        guard remembered else { return table }
+        guard remembered else { return (table, false) }
         // Names the server no longer lists are gone (another client removed them), unless
         // they hold bytes not stored yet (a directory: below it).
         let holding = directoriesHoldingFilesBeingWritten(in: s)
@@ -304,7 +307,7 @@ extension Namespace {
             s.inodes.unhook(parent: inode, name: name.string)
         }
         s.sweep()
-        return table
+        return (table, true)
     }
 
     /// A reader of the server's listing of `directory`, which starts at change count `startedAt`

@@ -22,7 +22,10 @@ extension Namespace {
             guard s.inodes[inode] != nil else { return }
             let before = s.directories.anyListing(inode)
             let children = s.inodes.children(of: inode)
-            let table = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s)
+            // A listing not remembered may describe the directory as it no longer is (a rename
+            // of it finished or under way since it started): nothing is taken from it.
+            let (table, remembered) = rememberLocked(reader, listed, for: inode, confirmed: confirmed, in: &s)
+            guard remembered else { return }
             for (name, child) in children {
                 guard let entry = table[name] else {
                     names.append(name.string)

@@ -209,7 +209,7 @@ extension Namespace {
             // One look: a file whose upload ends in between would be neither open nor in the
             // table (its journaled change may have been forgotten after a failure).
             return names.withLock { s in
-                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s) }
+                let table = listed.map { rememberLocked(reader, $0, for: inode, in: &s).table }
                 // What the reader's entries show, and what this mount recorded that they lack:
                 // a fresh listing's table has the changes; a remembered listing's entries are
                 // as the reader took them, and what was recorded since is added here (an upload

@@ -40,9 +40,33 @@ package struct NamespaceTables {
     /// The last `statfs` answer and when it was asked.
     package var statistics: (value: FilesystemStatistics, at: Double)?
 
+    /// The keys of directories being renamed, old and new, by move: the store holds some
+    /// of the tree at each until the rename ends, so no listing of them, below them or of a
+    /// directory above them is remembered meanwhile (`isMoving`).
+    private var moves: [UInt64: [String]] = [:]
+    private var movesBegun: UInt64 = 0
+
     package init(inodes: InodeTable, directories: DirectoryCache) {
         self.inodes = inodes
         self.directories = directories
+    }
+
+    /// A directory's keys start moving from `source` to `destination` (both end in `/`);
+    /// returns what `endMove` takes once the tables say where they are.
+    package mutating func beginMove(from source: String, to destination: String) -> UInt64 {
+        movesBegun += 1
+        moves[movesBegun] = [source, destination]
+        return movesBegun
+    }
+
+    package mutating func endMove(_ move: UInt64) { moves[move] = nil }
+
+    /// Whether a listing of the directory keyed `prefix` may be caught half-way through a
+    /// move: the directory is, or is above or below, one being moved.
+    package func isMoving(_ prefix: String) -> Bool {
+        moves.values.contains { keys in
+            keys.contains { $0.utf8.starts(with: prefix.utf8) || prefix.utf8.starts(with: $0.utf8) }
+        }
     }
 
     /// Drops the listings of directories the inode table no longer holds, and keeps the

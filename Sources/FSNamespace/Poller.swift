@@ -45,7 +45,11 @@ package protocol PollHost: NamespaceHost {
 ///    changes are applied to it), and goes through the attribute rule for each node: only an
 ///    answer that shows another client's version changes one. What changed is dropped from the
 ///    kernel: a file's pages and attributes (its next read or `stat` asks the mount), and the
-///    names that came or went (the kernel's "no such file" included).
+///    names that came or went (the kernel's "no such file" included). A listing that is not
+///    remembered is not acted on either: it may describe the directory as it no longer is (a
+///    rename of it, or of a directory above or below it, ended or was under way meanwhile:
+///    `NamespaceTables.isMoving`; mount model seed 78 saw the kernel told to drop a directory
+///    that had only moved).
 /// 3. Directories of more than `listingLimit` names are not polled (a listing of 200 000
 ///    names a second would cost more than it saves); their caches' times apply. One found so is
 ///    tried again after `largeAgainSeconds`.

@@ -79,6 +79,8 @@ extension Filesystem {
                     prefixes: source.kind == .directory ? [source.key, newKey] : [])
             }
             if source.kind == .directory {
+                let move = names.withLock { $0.beginMove(from: source.key, to: newKey) }
+                defer { names.withLock { $0.endMove(move) } }
                 try renameDirectory(source, to: newKey, replacing: existing, finish: finish)
             } else {
                 try renameFile(source, to: newKey, replacing: existing, finish: finish)

@@ -320,4 +320,69 @@ struct PollTests {
         scene.fs.pollOnce()
         #expect(try scene.list() == ["a", "b"])
     }
+
+    /// A directory `a` in use, with a file and a directory the kernel holds, as the poll's tests
+    /// of a rename of it to `e` start: its listing remembered.
+    private func renameScene() throws -> (Scene, a: Attributes, x: Attributes, d: Attributes) {
+        let scene = Scene()
+        scene.fake.seed("a/x", text: "file")
+        scene.fake.seed("a/d/", text: "")
+        let a = try scene.fs.lookup(parent: root, name: "a")
+        let x = try scene.fs.lookup(parent: a.inode, name: "x")
+        let d = try scene.fs.lookup(parent: a.inode, name: "d")
+        #expect(try scene.list(a.inode) == ["d", "x"])
+        scene.fs.namespace.waitForListingsAhead()
+        return (scene, a, x, d)
+    }
+
+    /// The names below a renamed directory keep their nodes, and the kernel is asked to drop
+    /// none of them.
+    private func expectKept(_ scene: Scene, x: Attributes, d: Attributes) throws {
+        #expect(scene.forgotten.withLock { $0 }.filter { ["x", "d"].contains($0) } == [])
+        let e = try scene.fs.lookup(parent: root, name: "e")
+        #expect(try scene.fs.lookup(parent: e.inode, name: "x").inode == x.inode)
+        #expect(try scene.fs.lookup(parent: e.inode, name: "d").inode == d.inode)
+        #expect(try scene.list(e.inode) == ["d", "x"])
+    }
+
+    /// A poll that chose a directory before it was renamed and lists it after: its listing, of
+    /// the old key, is empty, and must not make the kernel drop the names below the directory
+    /// (mount model seed 78: the kernel forgot `e/e` after readdir showed its number, and lstat's
+    /// lookup made a node of another; d_ino ≠ st_ino).
+    @Test func aPollOfADirectoryRenamedMeanwhileDropsNothing() throws {
+        let (scene, _, x, d) = try renameScene()
+        defer { scene.fs.shutdown() }
+        let renamed = Locked(false)
+        let fs = scene.fs
+        scene.store.inject { call in
+            if call.operation == .list, !renamed.withLock({ $0 }) {
+                renamed.withLock { $0 = true }
+                try? fs.rename(parent: Filesystem.rootInode, name: "a", newParent: Filesystem.rootInode, newName: "e", noReplace: false)
+            }
+            return .none
+        }
+        scene.fs.pollOnce()
+        #expect(renamed.withLock { $0 })
+        try expectKept(scene, x: x, d: d)
+    }
+
+    /// A poll that lists a directory while its rename moves the keys below it (the contents
+    /// moved, the markers being deleted): that listing shows neither, and must be neither
+    /// remembered (the nodes below would be unhooked and come back with new numbers) nor
+    /// acted on.
+    @Test func aPollDuringADirectorysRenameDropsNothing() throws {
+        let (scene, _, x, d) = try renameScene()
+        defer { scene.fs.shutdown() }
+        let polled = Locked(false)
+        let fs = scene.fs
+        scene.store.afterEachAnswer { call in
+            if call.operation == .delete, call.key == "a/d/", !polled.withLock({ $0 }) {
+                polled.withLock { $0 = true }
+                fs.pollOnce()
+            }
+        }
+        try scene.fs.rename(parent: root, name: "a", newParent: root, newName: "e", noReplace: false)
+        #expect(polled.withLock { $0 })
+        try expectKept(scene, x: x, d: d)
+    }
 }
