@@ -91,10 +91,12 @@ let package = Package(
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
+        // The supervisor that holds /dev/fuse while workers come and go (issue 40): plain C.
+        .target(name: "CSupervisor", dependencies: ["CFuse3"]),
         .target(
             name: "FuseAdapter",
             dependencies: [
-                "FileSystem", "CFuse3", "Metrics",
+                "FileSystem", "CFuse3", "CSupervisor", "Metrics",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -135,7 +137,7 @@ let package = Package(
         .testTarget(name: "MetricsTests", dependencies: ["Metrics"]),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["ObjectStore", "ObjectStoreHTTP", "ObjectStoreTesting", "MountCSSPConfig"]
+            dependencies: ["ObjectStore", "ObjectStoreHTTP", "ObjectStoreTesting", "MountCSSPConfig", "Locking"]
         ),
     ],
     swiftLanguageModes: [.v6]

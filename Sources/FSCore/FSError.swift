@@ -12,6 +12,8 @@ public struct FSError: Error, Sendable, CustomStringConvertible {
         case notEmpty
         case permissionDenied
         case stale
+        /// A handle this process never gave (a worker that replaced a dead one: issue 40).
+        case badHandle
         case notSupported
         case invalidArgument
         case nameTooLong
@@ -80,6 +82,7 @@ extension FSError.Code {
         case .notEmpty: return "ENOTEMPTY"
         case .permissionDenied: return "EACCES"
         case .stale: return "ESTALE"
+        case .badHandle: return "EBADF"
         case .notSupported: return "EOPNOTSUPP"
         case .invalidArgument: return "EINVAL"
         case .nameTooLong: return "ENAMETOOLONG"

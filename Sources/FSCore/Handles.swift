@@ -13,6 +13,10 @@ package struct Handles<Value> {
         return next
     }
 
+    /// Numbers from `first` on (a worker that replaces a dead one, whose numbers the kernel
+    /// may still hold); never lower than now.
+    package mutating func numberFrom(_ first: UInt64) { next = max(next, first) }
+
     package subscript(_ number: UInt64) -> Value? { open[number] }
 
     /// Replaces an open handle's value; nothing once it is closed.

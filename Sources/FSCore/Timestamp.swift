@@ -26,6 +26,17 @@ public struct Timestamp: Sendable, Equatable, Comparable, CustomStringConvertibl
 
     public static let zero = Timestamp(seconds: 0, nanoseconds: 0)
 
+    /// The second in UTC, ISO 8601: `2026-11-29T06:58:41Z`, or `20261129T065841Z` `compact`.
+    package func utc(compact: Bool = false) -> String {
+        var whole = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&whole, &parts)
+        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        let (dash, colon) = compact ? ("", "") : ("-", ":")
+        return "\(parts.tm_year + 1900)\(dash)\(two(parts.tm_mon + 1))\(dash)\(two(parts.tm_mday))T"
+            + "\(two(parts.tm_hour))\(colon)\(two(parts.tm_min))\(colon)\(two(parts.tm_sec))Z"
+    }
+
     public static func now() -> Timestamp {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)

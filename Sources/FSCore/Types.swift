@@ -14,6 +14,29 @@ public enum NodeKind: Sendable, Equatable {
     case fifo
     case socket
 
+    /// A number for the kind, where it is stored packed (`PackedEntries`, the node log).
+    package var code: UInt8 {
+        switch self {
+        case .file: 0
+        case .directory: 1
+        case .symlink: 2
+        case .fifo: 3
+        case .socket: 4
+        }
+    }
+
+    /// The kind of a `code`; nil for a number no kind has.
+    package init?(code: UInt8) {
+        switch code {
+        case 0: self = .file
+        case 1: self = .directory
+        case 2: self = .symlink
+        case 3: self = .fifo
+        case 4: self = .socket
+        default: return nil
+        }
+    }
+
     /// The content type (without parameters) that marks each kind that is not a plain file.
     package static func of(baseContentType base: String) -> NodeKind {
         switch base {
@@ -190,6 +213,10 @@ public struct FilesystemConfiguration: Sendable {
     /// `poll_s`: seconds between the polls of `Poller` once `startPolling` is called;
     /// 0: none (tests call `pollOnce` themselves).
     public var pollSeconds: Double = 0
+    /// Where the numbers the kernel holds are recorded for a successor (issue 40); nil: nowhere.
+    public var nodeLog: (any NodeLog)? = nil
+    /// The numbers a dead worker left the kernel holding, which this one takes over.
+    public var adoptedNodes: [AdoptedNode] = []
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).

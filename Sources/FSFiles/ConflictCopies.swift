@@ -63,12 +63,6 @@ extension Uploader {
 
     /// `KEY.cssp-conflict-YYYYMMDDTHHMMSSZ`, in UTC.
     package static func conflictKey(for key: String, at time: Timestamp) -> String {
-        var seconds = time_t(time.seconds)
-        var parts = tm()
-        gmtime_r(&seconds, &parts)
-        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
-        let stamp = "\(parts.tm_year + 1900)\(two(parts.tm_mon + 1))\(two(parts.tm_mday))T"
-            + "\(two(parts.tm_hour))\(two(parts.tm_min))\(two(parts.tm_sec))Z"
-        return key + ".cssp-conflict-" + stamp
+        key + ".cssp-conflict-" + time.utc(compact: true)
     }
 }

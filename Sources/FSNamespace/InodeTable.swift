@@ -31,6 +31,15 @@ package struct InodeTable {
     /// `takeForgottenNames`: readdir may have shown their numbers (d_ino), which the next node
     /// of the name takes (DirectoryCache `reserve`).
     private var forgottenNames: [(parent: InodeNumber, name: String, inode: InodeNumber)] = []
+    /// Where the numbers the kernel holds are recorded for a worker that replaces this one
+    /// (issue 40): written at each change of what they name, before the reply that tells the
+    /// kernel (this table is changed under the namespace lock, and replies follow).
+    package var log: (any NodeLog)?
+    /// Nodes taken over from a dead worker (`adopt`): the kernel holds at least one lookup of
+    /// each, maybe more than counted here, so a forget takes what there is.
+    private var adopted: Set<InodeNumber> = []
+    /// Adopted nodes no answer has described yet (their attributes are unknown).
+    package private(set) var undescribed: Set<InodeNumber> = []
 
     package init(rootKey: String, rootTime: Timestamp) {
         var root = Node(inode: Self.root, parent: Self.root, name: "", kind: .directory, key: rootKey, lastModified: rootTime)
@@ -82,6 +91,7 @@ package struct InodeTable {
         unhook(parent: node.parent, name: node.name, collectingParent: false)
         nodes[node.inode] = node
         children.set(node.parent, node.name, node.inode, in: nodes)
+        noteNamed(node)
         return node
     }
 
@@ -93,9 +103,12 @@ package struct InodeTable {
         parent: InodeNumber, name: String, kind: NodeKind, key: String, lookups: UInt64, reserved: InodeNumber? = nil
     ) -> Node {
         if let inode = children.inode(parent, name, in: nodes), var node = nodes[inode], node.kind == kind {
+            let known = node.lookups > 0
             node.lookups += lookups
             node.key = key
             nodes[inode] = node
+            undescribed.remove(inode)
+            if !known && lookups > 0 { noteNamed(node) }
             return node
         }
         var number = nextInode
@@ -109,9 +122,55 @@ package struct InodeTable {
         unhook(parent: parent, name: name, collectingParent: false)
         nodes[node.inode] = node
         children.set(parent, name, node.inode, in: nodes)
+        if lookups > 0 { noteNamed(node) }
         collectIfUnused(node.inode)
         return node
     }
+
+    /// Takes over the numbers a dead worker left the kernel holding (issue 40): each becomes a
+    /// node of its name again, parents first, keyed below its parent's key, with one lookup
+    /// (the kernel's true count may be higher: `forget` takes what there is) and attributes to
+    /// be described (`undescribed`). Records whose parent is unknown, or whose name already
+    /// leads elsewhere, are left out: the kernel gets ESTALE for those numbers.
+    package mutating func adopt(_ records: [AdoptedNode]) {
+        var pending: [InodeNumber: AdoptedNode] = [:]
+        for record in records where record.inode != Self.root { pending[record.inode] = record }
+        var progress = true
+        while progress && !pending.isEmpty {
+            progress = false
+            for (inode, record) in pending {
+                guard let parent = nodes[record.parent], parent.kind == .directory else { continue }
+                pending[inode] = nil
+                progress = true
+                guard nodes[inode] == nil, children.inode(record.parent, record.name, in: nodes) == nil else { continue }
+                let key = parent.key + record.name + (record.kind == .directory ? "/" : "")
+                var node = Node(inode: inode, parent: record.parent, name: record.name, kind: record.kind, key: key)
+                node.lookups = 1
+                nodes[inode] = node
+                children.set(record.parent, record.name, inode, in: nodes)
+                adopted.insert(inode)
+                undescribed.insert(inode)
+                nextInode = max(nextInode, inode + 1)
+            }
+        }
+    }
+
+    /// An adopted node an answer described.
+    package mutating func markDescribed(_ inode: InodeNumber) { undescribed.remove(inode) }
+
+    /// Records that the kernel holds `node` under its name; a full log is written again whole.
+    private mutating func noteNamed(_ node: Node) {
+        guard let log, node.inode != Self.root else { return }
+        if log.named(node.inode, parent: node.parent, name: node.name, kind: node.kind) { return }
+        log.restart()
+        for (inode, node) in nodes where inode != Self.root && node.lookups > 0 && node.linked {
+            guard log.named(inode, parent: node.parent, name: node.name, kind: node.kind) else { return }
+        }
+    }
+
+    /// New nodes are numbered from `first` on (a worker that replaces a dead one, whose
+    /// numbers the kernel may still hold); never lower than now.
+    package mutating func numberFrom(_ first: InodeNumber) { nextInode = max(nextInode, first) }
 
     /// A number for a name readdir shows before any node exists for it (see `link`).
     package mutating func reserveInode() -> InodeNumber {
@@ -121,16 +180,26 @@ package struct InodeTable {
 
     /// The kernel dropped `count` lookups.
     package mutating func forget(_ inode: InodeNumber, count: UInt64) {
-        guard inode != Self.root, var node = nodes[inode] else { return }
+        guard inode != Self.root else { return }
+        guard var node = nodes[inode] else {
+            // A number a dead worker gave that this one did not take over: the kernel let go.
+            log?.unnamed(inode)
+            return
+        }
+        let count = adopted.contains(inode) ? min(count, node.lookups) : count
         precondition(node.lookups >= count, "INTERNAL ERROR: forget \(count) of inode \(inode) with \(node.lookups)")
         node.lookups -= count
         nodes[inode] = node
+        if node.lookups == 0 { log?.unnamed(inode) }
         collectIfUnused(inode)
     }
 
     /// Counts one more kernel lookup of a node already known (readdirplus of a local file).
     package mutating func countLookup(_ inode: InodeNumber) {
-        nodes[inode]?.lookups += 1
+        guard var node = nodes[inode] else { return }
+        node.lookups += 1
+        nodes[inode] = node
+        if node.lookups == 1 { noteNamed(node) }
     }
 
     /// A spool holds the node: it lives until `unpin`, whatever the kernel forgets.
@@ -176,6 +245,7 @@ package struct InodeTable {
         guard let inode = children.remove(parent, name, in: nodes) else { return nil }
         nodes[inode]?.linked = false
         let node = nodes[inode]
+        if let node, node.lookups > 0 { log?.unnamed(inode) }
         collectIfUnused(inode)
         if collectingParent { collectIfUnused(parent) }
         return node
@@ -207,6 +277,7 @@ package struct InodeTable {
         node.linked = true
         nodes[inode] = node
         children.set(newParent, name, inode, in: nodes)
+        if node.lookups > 0 { noteNamed(node) }
         var moved = [inode]
         for (other, oldDescendantKey) in descendants {
             nodes[other]?.key = key + String(oldDescendantKey.utf8.dropFirst(oldKey.utf8.count))!
@@ -254,6 +325,8 @@ package struct InodeTable {
         let wasLinked = children.inode(node.parent, node.name, in: nodes) == inode
         if wasLinked { children.remove(node.parent, node.name, in: nodes) }
         nodes[inode] = nil
+        adopted.remove(inode)
+        undescribed.remove(inode)
         if node.kind == .directory { removedDirectories.append(inode) }
         // (Not a directory's: its listing and change count go with its number, and an answer
         // asked under the old node must not count as one about the new.)

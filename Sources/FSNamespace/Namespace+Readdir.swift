@@ -121,7 +121,7 @@ extension Namespace {
 
     package func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
         guard var open = names.withLock({ $0.directoryHandles[handle] }) else {
-            throw FSError(.invalidArgument, "unknown directory handle \(handle)")
+            throw FSError(.badHandle, "unknown directory handle \(handle)")
         }
         let reader: DirectoryReader
         if offset == 0 || open.reader == nil {

@@ -39,9 +39,12 @@ package final class Namespace: Sendable, NamespaceHost, ListingsAheadHost, Backg
         self.configuration = configuration
         self.pool = pool
         self.logger = logger
+        var inodes = InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime)
+        inodes.log = configuration.nodeLog
+        inodes.adopt(configuration.adoptedNodes)
         names = Locked(
             NamespaceTables(
-                inodes: InodeTable(rootKey: configuration.rootPrefix, rootTime: configuration.directoryTime),
+                inodes: inodes,
                 directories: DirectoryCache(
                     journalSeconds: Self.journalSeconds(directoryTimeout: configuration.directoryCacheSeconds),
                     nameLimit: configuration.maximumEntries)))

@@ -127,7 +127,7 @@ package struct PackedEntries: Sendable, RandomAccessCollection {
         var exception = Exception()
         names.append(contentsOf: entry.name.utf8)
         ends.append(UInt32(names.count))
-        var flag = Self.code(entry.kind)
+        var flag = entry.kind.code
         if !isStandardKey(entry) { exception.key = entry.key }
         if entry.etag.isEmpty {
             flag |= Flag.noEtag
@@ -285,15 +285,6 @@ package struct PackedEntries: Sendable, RandomAccessCollection {
 
     private static let kinds: [NodeKind] = [.file, .directory, .symlink, .fifo, .socket, .file, .file, .file]
 
-    private static func code(_ kind: NodeKind) -> UInt8 {
-        switch kind {
-        case .file: 0
-        case .directory: 1
-        case .symlink: 2
-        case .fifo: 3
-        case .socket: 4
-        }
-    }
 
     package static func nanoseconds(_ time: Timestamp) -> Int64? {
         let (product, overflow) = time.seconds.multipliedReportingOverflow(by: 1_000_000_000)

@@ -52,6 +52,7 @@ extension Filesystem {
     }
 
     public func open(_ inode: InodeNumber, writable: Bool, truncate: Bool) throws(FSError) -> OpenResult {
+        try describeIfAdopted(inode)
         var node = try namespace.node(inode)
         switch node.kind {
         case .directory: throw FSError(.isADirectory, "open of a directory")
@@ -218,7 +219,7 @@ extension Filesystem {
 
     private func handle(_ number: UInt64) throws(FSError) -> FileHandle {
         guard let handle = files.withLock({ $0.handles[number] }) else {
-            throw FSError(.invalidArgument, "unknown file handle \(number)")
+            throw FSError(.badHandle, "unknown file handle \(number)")
         }
         return handle
     }
@@ -255,7 +256,7 @@ extension Filesystem {
             }
         }
         switch source {
-        case nil: throw FSError(.invalidArgument, "unknown file handle \(number)")
+        case nil: throw FSError(.badHandle, "unknown file handle \(number)")
         case .spool(let open)?: try open.read(offset: offset, length: length, reply: reply)
         case .othersSpool(let open)?:
             do {

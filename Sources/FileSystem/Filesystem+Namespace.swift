@@ -295,6 +295,7 @@ extension Filesystem {
     }
 
     public func readlink(_ inode: InodeNumber) throws(FSError) -> String {
+        try describeIfAdopted(inode)
         let node = try namespace.node(inode)
         guard node.kind == .symlink else { throw FSError(.invalidArgument, "not a symlink") }
         if let target = node.symlinkTarget { return target }

@@ -17,6 +17,7 @@ extension Filesystem {
     // MARK: Attributes
 
     public func setattr(_ inode: InodeNumber, _ changes: AttributeChanges) throws(FSError) -> Attributes {
+        try describeIfAdopted(inode)
         if configuration.readOnly { throw FSError(.readOnly, "this mount is read-only") }
         let node = try namespace.node(inode)
         // A failure leaves the node as it was, to be asked for again (the answer may be lost).

@@ -193,10 +193,26 @@ public final class Filesystem: Sendable, PollHost {
         recovered.install { [weak self] item throws(ObjectStoreError) in try self?.storeRecovered(item) }
     }
 
+    /// Whether a mount with `configuration` can take its spool directory, which `init` takes:
+    /// checked before mounting, and let go at once (a supervisor must not hold it: issue 40).
+    public static func checkSpool(_ configuration: FilesystemConfiguration) throws(FSError) {
+        try Spool(directory: configuration.spoolDirectory).unlock()
+    }
+
     /// Runs `body` with both rooms' tables, for one look at both (a file with a spool is
     /// described by its spool): `names`, then `files` inside it (locks 3 and 3b).
     func withTables<T, E: Error>(_ body: (inout NamespaceTables, inout FileTables) throws(E) -> T) throws(E) -> T {
         try names.withLock { (n) throws(E) -> T in try files.withLock { (f) throws(E) -> T in try body(&n, &f) } }
+    }
+
+    /// Nodes and handles are numbered from `first` on: a worker that replaces a dead one must
+    /// never give a number the kernel may still hold from that one (issue 40).
+    public func numberFrom(_ first: UInt64) {
+        withTables { s, f in
+            s.inodes.numberFrom(first)
+            s.directoryHandles.numberFrom(first)
+            f.handles.numberFrom(first)
+        }
     }
 
     /// Seconds on the configuration's clock (`Namespace.now`, the one rule): every cache age is measured here.
@@ -208,6 +224,7 @@ public final class Filesystem: Sendable, PollHost {
     func attributes(of node: Node) -> Attributes { node.attributes(configuration) }
 
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
+        try describeIfAdopted(inode)
         // The node and its spool in one look: a spool retired in between (its upload just stored
         // the file) would leave a node read before the upload updated it.
         let (known, open) = names.withLock { s in (s.inodes[inode], s.spools[inode]) }
@@ -237,7 +254,33 @@ public final class Filesystem: Sendable, PollHost {
     /// The kernel dropped `count` lookups of `inode`.
     public func forget(_ inode: InodeNumber, count: UInt64) { namespace.forget(inode, count: count) }
 
-    public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 { try namespace.opendir(inode) }
+    public func opendir(_ inode: InodeNumber) throws(FSError) -> UInt64 {
+        try describeIfAdopted(inode)
+        return try namespace.opendir(inode)
+    }
+
+    /// A node taken over from a dead worker (`InodeTable.adopt`, issue 40) is described by a
+    /// lookup of its name at its first use here: until then only its name and kind are known.
+    /// ESTALE when the name leads to something else now, or to nothing.
+    func describeIfAdopted(_ inode: InodeNumber) throws(FSError) {
+        guard let node = names.withLock({ s in s.inodes.undescribed.contains(inode) ? s.inodes[inode] : nil }) else {
+            return
+        }
+        let found: Attributes
+        do {
+            found = try namespace.lookup(parent: node.parent, name: node.name)
+        } catch where error.code == .notFound || error.code == .notADirectory {
+            throw FSError(.stale, "'\(node.key)' is gone since the worker that knew inode \(inode) died")
+        }
+        names.withLock { s in
+            // The lookup counted one the kernel does not hold.
+            s.inodes.forget(found.inode, count: 1)
+            s.inodes.markDescribed(inode)
+        }
+        guard found.inode == inode else {
+            throw FSError(.stale, "'\(node.key)' is another object since the worker that knew inode \(inode) died")
+        }
+    }
 
     /// Emits entries from `offset` on; `emit(name, kind, inode, nextOffset)` returns false when full.
     public func readdir(

@@ -15,6 +15,8 @@ extension Errno {
         case .permissionDenied: return .permissionDenied
         // The object changed under an open handle: NFS's answer for the same situation.
         case .stale: return .staleNFSFileHandle
+        // A handle the kernel holds from a dead worker (issue 40): the descriptor is no more.
+        case .badHandle: return .badFileDescriptor
         case .notSupported: return .notSupported
         case .invalidArgument: return .invalidArgument
         case .nameTooLong: return .fileNameTooLong

@@ -82,7 +82,7 @@ public final class FuseAdapter: Sendable {
                 if configuration.traceOperations || logger.logLevel <= .debug {
                     logger.debug("\(operation) -> \(errno): \(error.message)")
                 }
-            case .permissionDenied, .stale, .ioError, .noSpace:
+            case .permissionDenied, .stale, .badHandle, .ioError, .noSpace:
                 let fields = error.logMetadata(operation: operation, rootPrefix: filesystem.configuration.rootPrefix)
                 logger.error("\(operation) failed: \(error.message)", metadata: fields.mapValues { .string($0) })
             }

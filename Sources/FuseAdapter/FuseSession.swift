@@ -1,4 +1,5 @@
 import CFuse3
+import CSupervisor
 import FileSystem
 import Logging
 
@@ -6,20 +7,40 @@ import Logging
 import Glibc
 #endif
 
-/// A mounted FUSE session: mount, optionally detach, serve until unmounted or signalled.
+/// A FUSE session, in one of two roles (issue 40, docs/restart-design.md):
+/// - the **holder** (`init(mountpoint:options:debug:)`): mounts, detaches, and becomes the
+///   supervisor, which holds /dev/fuse for the mount's life and serves nothing;
+/// - a **worker's** session (`init(serving:for:options:debug:)`), made in each worker after the
+///   fork: it reads and writes the holder's descriptor and serves until the mount ends.
 public final class FuseSession {
     public struct MountError: Error, CustomStringConvertible {
         public var description: String
     }
 
-    private let adapter: FuseAdapter
+    private let adapter: FuseAdapter?
     private let operations: UnsafeMutablePointer<fuse_lowlevel_ops>
     private let session: OpaquePointer
     private let mountpoint: String
     private var mounted = false
+    /// In a worker: this holder's copy belongs to the supervisor (never unmounted or destroyed
+    /// here), or this is the worker's own session.
+    private var inWorker = false
 
-    /// Creates the session; `options` are kernel/libfuse mount options (`fsname=…`, `allow_other`, …).
-    public init(adapter: FuseAdapter, mountpoint: String, options: [String], debug: Bool) throws(MountError) {
+    /// The holder: `options` are kernel/libfuse mount options (`fsname=…`, `allow_other`, …).
+    public convenience init(mountpoint: String, options: [String], debug: Bool) throws(MountError) {
+        try self.init(adapter: nil, mountpoint: mountpoint, options: options, debug: debug)
+    }
+
+    /// A worker's session, serving `adapter` on what `holder` mounted. Call in the worker
+    /// (after `holder.superviseWorkers` returned).
+    public convenience init(serving adapter: FuseAdapter, for holder: FuseSession, options: [String], debug: Bool)
+        throws(MountError)
+    {
+        try self.init(adapter: adapter, mountpoint: holder.mountpoint, options: options, debug: debug)
+        inWorker = true
+    }
+
+    private init(adapter: FuseAdapter?, mountpoint: String, options: [String], debug: Bool) throws(MountError) {
         self.adapter = adapter
         self.mountpoint = mountpoint
         let table = UnsafeMutablePointer<fuse_lowlevel_ops>.allocate(capacity: 1)
@@ -33,7 +54,8 @@ public final class FuseSession {
         let created: OpaquePointer? = cStrings.withUnsafeMutableBufferPointer { buffer in
             var args = fuse_args(argc: Int32(buffer.count), argv: buffer.baseAddress, allocated: 0)
             defer { fuse_opt_free_args(&args) }
-            let userdata = Unmanaged.passUnretained(adapter).toOpaque()
+            // The holder never dispatches a request: no adapter behind it.
+            let userdata = adapter.map { Unmanaged.passUnretained($0).toOpaque() }
             return cssp_fuse_session_new(&args, table, userdata)
         }
         guard let created else {
@@ -44,6 +66,9 @@ public final class FuseSession {
     }
 
     deinit {
+        // A worker's copy of the holder is the supervisor's; both sessions of a worker read the
+        // one descriptor, which the process's end closes.
+        guard !inWorker else { return }
         if mounted { fuse_session_unmount(session) }
         fuse_session_destroy(session)
         operations.deallocate()
@@ -83,6 +108,32 @@ public final class FuseSession {
         }
     }
 
+    /// The holder becomes the supervisor of the mount: this process holds /dev/fuse for the
+    /// mount's life, serves nothing, and forks a worker, and another when one dies. Returns
+    /// only in a worker, which makes its own session (`init(serving:for:…)`) and serves with
+    /// `run`; the supervisor exits with the last worker's status once the mount ends. Call once
+    /// mounted (and detached), before any thread is started: a worker is a fork, which keeps
+    /// only the calling thread. Nothing that holds files or locks (the spool, the block cache)
+    /// may be open yet: the supervisor would hold them for ever.
+    public func superviseWorkers(useSyslog: Bool) {
+        _ = cssp_supervise(session, useSyslog ? 1 : 0)
+        // The supervisor unmounts (at SIGTERM, SIGINT or SIGHUP); a worker never does.
+        inWorker = true
+        mounted = false
+    }
+
+    /// Which worker this is: 0 for the first, n for the one started after n deaths.
+    public var incarnation: UInt64 { cssp_worker_incarnation() }
+
+    /// Requests this worker read that the kernel sent again after a worker's death.
+    public static var resentRequests: UInt64 { cssp_resent_requests() }
+
+    /// Whether the kernel sends a dead worker's requests again (FUSE_HAS_RESEND).
+    public static var kernelResends: Bool { cssp_kernel_resends() != 0 }
+
+    /// The process that holds the mount: the supervisor (this one before `superviseWorkers`).
+    public var holderPID: pid_t { inWorker ? pid_t(cssp_supervisor_pid()) : getpid() }
+
     /// Lets `filesystem` put bytes into the kernel's page cache (see `KernelCache`).
     public func installKernelCache(on filesystem: Filesystem) {
         struct SessionPointer: @unchecked Sendable {  // libfuse's notify calls are thread-safe.
@@ -105,20 +156,20 @@ public final class FuseSession {
         })
     }
 
-    /// Serves requests until unmounted or SIGINT/SIGTERM/SIGHUP; then unmounts. Returns libfuse's
-    /// status. The filesystem stays up: the caller drains it (`Filesystem.drain`) and shuts it down.
+    /// A worker's session: replays the kernel's INIT, asks for the dead worker's requests again
+    /// (a replacement), and serves until the kernel ends the connection (unmounted). The
+    /// supervisor takes the signals. Returns libfuse's status, -1 when the session could not
+    /// start. The filesystem stays up: the caller drains it (`Filesystem.drain`) and shuts it down.
     public func run() -> Int32 {
+        guard let adapter, inWorker else { return -1 }
+        guard cssp_worker_start(session) == 0 else { return -1 }
+        // SIGTERM, SIGINT, SIGHUP end the loop: the supervisor sends SIGTERM once it unmounted.
         _ = fuse_set_signal_handlers(session)
         _ = cssp_block_termination_signals(0)
         let rc = cssp_fuse_session_loop_mt(session, UInt32(adapter.configuration.maxThreads))
         _ = cssp_block_termination_signals(1)
         fuse_remove_signal_handlers(session)
-        if mounted {
-            fuse_session_unmount(session)
-            mounted = false
-        }
-        // Page-cache stores must be over before the session is destroyed; unmounted, the
-        // kernel fails any of them at once. The caller drains and shuts the filesystem down.
+        // Page-cache stores must be over before the session is destroyed.
         adapter.filesystem.kernelCache.uninstall()
         return rc
     }

@@ -230,12 +230,7 @@ enum MountCommand {
             }
         }
 
-        let metrics = MountMetrics()
-        let store = HTTPObjectStore(
-            configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8,
-            metrics: metrics)
         var fsConfiguration = FilesystemConfiguration()
-        fsConfiguration.metrics = metrics
         fsConfiguration.rootPrefix = options.endpoint.prefix
         fsConfiguration.uid = options.uid ?? getuid()
         fsConfiguration.gid = options.gid ?? getgid()
@@ -264,6 +259,75 @@ enum MountCommand {
         if let problem = unsafeSharedDirectory(cacheDirectory, options, env) { return fail(problem, ExitStatus.usage) }
         fsConfiguration.writeBackMaxBytes = options.writeBackMaxMiB.map { Int64($0) << 20 }
             ?? max(256 << 20, Self.freeSpace(cacheDirectory) / 4)
+        // Credentials are not part of it: blocks are also checked by ETag, which is the content's MD5.
+        fsConfiguration.cacheIdentity = options.endpoint.baseURL + "/" + options.endpoint.container
+        fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
+        fsConfiguration.partSize = Int64(options.partSizeMiB) << 20
+        fsConfiguration.uploadConcurrency = options.uploadParallelism
+        fsConfiguration.spoolDirectory = cacheDirectory + "/spool/" + spoolName(for: options.endpoint)
+        // Checked now, taken by each worker (a worker's filesystem starts from what is on disk
+        // then: what a dead worker journaled included).
+        do {
+            try Filesystem.checkSpool(fsConfiguration)
+        } catch {
+            return fail(error.message, ExitStatus.usage)
+        }
+
+        var kernelOptions = ["fsname=" + mountTableName(options.fsname ?? options.endpoint.url), "subtype=cssp"]
+        if options.allowOther { kernelOptions.append("allow_other") }
+        if options.allowRoot { kernelOptions.append("allow_root") }
+        if options.defaultPermissions { kernelOptions.append("default_permissions") }
+        if options.readOnly { kernelOptions.append("ro") }
+        kernelOptions += options.kernelFlags
+
+        // As /proc/self/mountinfo will show it; resolved now, since the mountpoint cannot be
+        // looked at once mounted until the session serves.
+        let target = MountTable.canonical(options.mountpoint, resolvingLast: true) ?? options.mountpoint
+        Utab.forgetStale(target: target, logger: logger)
+        Utab.forgetStaleLines(logger: logger)
+        let holder: FuseSession
+        do {
+            holder = try FuseSession(mountpoint: options.mountpoint, options: kernelOptions, debug: false)
+            try holder.mount()
+        } catch {
+            return fail(error.description, ExitStatus.mountFailure)
+        }
+        // Before the parent returns (daemonize): mount(8) then finds the line and adds none.
+        if let utabOptions = options.utabOptions {
+            Utab.record(
+                source: options.fsname ?? options.endpoint.url, target: target, options: utabOptions, logger: logger)
+        }
+        logger.info("mounted \(options.endpoint.url) on \(options.mountpoint) as \(credentials)")
+        if !options.foreground {
+            // The parent returns only once the mount answers (see FuseSession.daemonize).
+            holder.daemonize()
+            LogSink.shared.switchToSyslog()
+        }
+        // This process holds the mount from here on; what follows runs in its worker, and again
+        // in each worker that replaces a dead one.
+        holder.superviseWorkers(useSyslog: !options.foreground)
+        return serve(
+            options, holder: holder, kernelOptions: kernelOptions, target: target, storeConfiguration: storeConfiguration,
+            fsConfiguration: fsConfiguration, cacheDirectory: cacheDirectory, logger: logger)
+    }
+
+    /// A worker (issue 40): opens the caches and the spool, makes the filesystem from what is on
+    /// disk now, serves until the mount ends, drains, and returns the exit status.
+    static func serve(
+        _ options: MountOptions, holder: FuseSession, kernelOptions: [String], target: String,
+        storeConfiguration: HTTPStoreConfiguration, fsConfiguration: FilesystemConfiguration, cacheDirectory: String,
+        logger: Logger
+    ) -> Int32 {
+        let incarnation = holder.incarnation
+        if incarnation > 0 {
+            logger.notice("worker \(getpid()) serves \(options.mountpoint) in place of a dead one (restart \(incarnation))")
+        }
+        let metrics = MountMetrics()
+        let store = HTTPObjectStore(
+            configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8,
+            metrics: metrics)
+        var fsConfiguration = fsConfiguration
+        fsConfiguration.metrics = metrics
         let blockCache = BlockCache.open(
             path: cacheDirectory + "/blocks.db", capacity: options.cacheSize ?? defaultCacheSize(cacheDirectory),
             blockSize: options.cacheBlockKiB << 10, logger: logger)
@@ -281,22 +345,27 @@ enum MountCommand {
         metrics.registry.gauge("cssp_memory_limit_bytes", help: "The budget for fetched data (memory_mb).") {
             Double(budget.limit)
         }
-        // Credentials are not part of it: blocks are also checked by ETag, which is the content's MD5.
-        fsConfiguration.cacheIdentity = options.endpoint.baseURL + "/" + options.endpoint.container
         if options.foreignAttributesFromHead {
             fsConfiguration.metadataIndex = MetadataIndex.open(
                 path: cacheDirectory + "/meta.db", identity: fsConfiguration.cacheIdentity, logger: logger)
         }
-        fsConfiguration.multipartThreshold = Int64(options.multipartThresholdMiB) << 20
-        fsConfiguration.partSize = Int64(options.partSizeMiB) << 20
-        fsConfiguration.uploadConcurrency = options.uploadParallelism
-        fsConfiguration.spoolDirectory = cacheDirectory + "/spool/" + spoolName(for: options.endpoint)
+        // The numbers the kernel holds are logged for a successor; a successor takes over those
+        // its dead predecessor logged.
+        fsConfiguration.nodeLog = SupervisorNodeLog()
+        if incarnation > 0 {
+            fsConfiguration.adoptedNodes = SupervisorNodeLog.recorded()
+            logger.notice("worker \(getpid()) takes over \(fsConfiguration.adoptedNodes.count) node numbers the kernel holds")
+        }
         let filesystem: Filesystem
         do {
             filesystem = try Filesystem(store: store, configuration: fsConfiguration, logger: logger)
         } catch {
-            return fail(error.message, ExitStatus.usage)
+            logger.error("worker \(getpid()) cannot serve: \(error.message)")
+            return ExitStatus.mountFailure
         }
+        // New numbers (nodes, handles) never repeat one a dead worker gave: each worker numbers
+        // from its own range.
+        if incarnation > 0 { filesystem.numberFrom(incarnation << 40) }
 
         var fuseConfiguration = FuseConfiguration()
         fuseConfiguration.entryTimeout = options.entryTimeout
@@ -305,61 +374,42 @@ enum MountCommand {
         fuseConfiguration.maxThreads = options.maxThreads
         fuseConfiguration.traceOperations = options.debug
         let adapter = FuseAdapter(filesystem: filesystem, configuration: fuseConfiguration, logger: logger, metrics: metrics)
-
-        var kernelOptions = ["fsname=" + mountTableName(options.fsname ?? options.endpoint.url), "subtype=cssp"]
-        if options.allowOther { kernelOptions.append("allow_other") }
-        if options.allowRoot { kernelOptions.append("allow_root") }
-        if options.defaultPermissions { kernelOptions.append("default_permissions") }
-        if options.readOnly { kernelOptions.append("ro") }
-        kernelOptions += options.kernelFlags
-
-        // As /proc/self/mountinfo will show it; resolved now, since the mountpoint cannot be
-        // looked at once mounted until the session serves.
-        let target = MountTable.canonical(options.mountpoint, resolvingLast: true) ?? options.mountpoint
-        Utab.forgetStale(target: target, logger: logger)
-        Utab.forgetStaleLines(logger: logger)
         let session: FuseSession
         do {
-            session = try FuseSession(adapter: adapter, mountpoint: options.mountpoint, options: kernelOptions, debug: false)
-            try session.mount()
+            session = try FuseSession(serving: adapter, for: holder, options: kernelOptions, debug: false)
         } catch {
-            return fail(error.description, ExitStatus.mountFailure)
-        }
-        // Before the parent returns (daemonize): mount(8) then finds the line and adds none.
-        if let utabOptions = options.utabOptions {
-            Utab.record(
-                source: options.fsname ?? options.endpoint.url, target: target, options: utabOptions, logger: logger)
+            logger.error("worker \(getpid()) cannot serve: \(error.description)")
+            return ExitStatus.mountFailure
         }
         session.installKernelCache(on: filesystem)
-        logger.info("mounted \(options.endpoint.url) on \(options.mountpoint) as \(credentials)")
-        if !options.foreground {
-            // The parent returns only once the mount answers (see FuseSession.daemonize).
-            session.daemonize()
-            LogSink.shared.switchToSyslog()
-        }
-        // After daemonize: the fork keeps only the calling thread.
         Thread.detached {
             while cssp_wait_usr1() == 0 {
                 let level = LogSink.shared.toggleDebug()
                 LogSink.stderrOrSyslog(.notice, "SIGUSR1: log level \(level) now")
             }
         }
+        metrics.registry.gauge("cssp_worker_restarts", help: "Workers started in place of a dead one.") {
+            Double(incarnation)
+        }
+        metrics.registry.gauge(
+            "cssp_resent_requests", help: "Requests this worker served that the kernel sent again after a worker's death.")
+        {
+            Double(FuseSession.resentRequests)
+        }
+        let processes = Self.processLines(holder: holder.holderPID, incarnation: incarnation, since: Timestamp.now())
         let control = startControlServer(
-            options, cacheDirectory: cacheDirectory, metrics: metrics, filesystem: filesystem, logger: logger)
+            options, cacheDirectory: cacheDirectory, metrics: metrics, filesystem: filesystem, holder: holder.holderPID,
+            processes: processes, logger: logger)
         defer { control?.stop() }
         if !options.readOnly {
             Thread.detached { filesystem.recoverPendingUploads() }
             // What /info says (bulk delete, whether If-None-Match is honoured) is logged at the
-            // mount, not at the first upload. (After daemonize: nothing may start a thread or
-            // touch libdispatch before the fork, whose child keeps only the calling thread.)
+            // mount, not at the first upload.
             Thread.detached { _ = store.honoursIfNoneMatch }
         }
         filesystem.startPolling()
         HeapTrim.start(logger: logger)
-        if options.readAheadMiB > 0 {
-            let mountpoint = options.mountpoint
-            Thread.detached { raiseKernelReadAhead(mountpoint, logger: logger) }
-        }
+        if options.readAheadMiB > 0 { raiseKernelReadAhead(target, logger: logger) }
         let rc = session.run()
         Utab.forgetStale(target: target, logger: logger)
         logger.info(
@@ -375,6 +425,12 @@ enum MountCommand {
             return ExitStatus.owed
         }
         return rc >= 0 ? ExitStatus.success : ExitStatus.mountFailure
+    }
+
+    /// The first lines of `--status` (issue 40): who holds the mount, who serves it, since when.
+    static func processLines(holder: pid_t, incarnation: UInt64, since: Timestamp) -> String {
+        "supervisor: \(holder)\nworker: \(getpid())\nworker started: \(since.utc())\nworker restarts: \(incarnation)\n"
+            + "kernel resends a dead worker's requests: \(FuseSession.kernelResends ? "yes" : "no")\n"
     }
 
     /// `mount.cssp --unmount MOUNTPOINT`, and umount(8)'s helper: asks the daemon to store what
@@ -471,11 +527,11 @@ enum MountCommand {
 
     /// Lets the kernel send 1 MiB sequential reads instead of 128 KiB ones (a per-mount setting;
     /// FUSE's own max_readahead does not raise it). Needs root; without it, reads stay smaller.
-    /// Runs on its own thread: the stat waits until the session serves requests.
-    static func raiseKernelReadAhead(_ mountpoint: String, logger: Logger) {
-        var st = stat()
-        guard stat(mountpoint, &st) == 0 else { return }
-        let device = UInt64(st.st_dev)
+    /// `target`: the mountpoint as mountinfo writes it. The device comes from mountinfo, not a
+    /// stat of the mount: a worker never sends its own mount a request.
+    static func raiseKernelReadAhead(_ target: String, logger: Logger) {
+        guard let number = Utab.device(of: target) else { return }
+        let device = UInt64(number)
         let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
         let minor = (device & 0xff) | ((device >> 12) & ~0xff)
         let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
@@ -511,7 +567,8 @@ enum MountCommand {
 
     /// The control socket of `--stats` and `--status`; a mount without one still works (logged).
     static func startControlServer(
-        _ options: MountOptions, cacheDirectory: String, metrics: MountMetrics, filesystem: Filesystem, logger: Logger
+        _ options: MountOptions, cacheDirectory: String, metrics: MountMetrics, filesystem: Filesystem, holder: pid_t,
+        processes: String, logger: Logger
     ) -> ControlServer? {
         guard let directory = ControlSocket.directory(uid: getuid(), cacheDirectory: cacheDirectory) else { return nil }
         let mountpoint = MountTable.canonical(options.mountpoint, resolvingLast: false) ?? options.mountpoint
@@ -520,11 +577,12 @@ enum MountCommand {
             let server = try ControlServer(path: path) { question in
                 switch ControlQuestion(rawValue: question) {
                 case .stats: return metrics.registry.render()
-                case .status: return filesystem.statusReport()
+                case .status: return processes + filesystem.statusReport()
                 case .drain:
                     logger.notice("asked to store what is owed before an unmount")
                     let owed = filesystem.drain(timeout: Double(options.drainTimeout)) { logger.warning("unmount: \($0)") }
-                    return "pid \(getpid())\n" + owed.map { "owed \($0)\n" }.joined()
+                    // The process `--unmount` waits for: the one that holds the mount.
+                    return "pid \(holder)\n" + owed.map { "owed \($0)\n" }.joined()
                 case nil: return "unknown question '\(question)': ask stats or status\n"
                 }
             }

@@ -109,6 +109,16 @@ enum Utab {
         return mnt_table_find_target(table, target, Int32(MNT_ITER_BACKWARD)) != nil
     }
 
+    /// The device number of the mount on `target` (as mountinfo writes it), from
+    /// /proc/self/mountinfo: no request to the mount, which a worker must never send itself (a
+    /// thread of it waiting on its own mount keeps the process from exiting).
+    static func device(of target: String) -> dev_t? {
+        guard let table = mnt_new_table_from_file("/proc/self/mountinfo") else { return nil }
+        defer { mnt_unref_table(table) }
+        guard let fs = mnt_table_find_target(table, target, Int32(MNT_ITER_BACKWARD)) else { return nil }
+        return mnt_fs_get_devno(fs)
+    }
+
     /// Whether utab (`file`) has a line for `target`, compared as written, with the file's
     /// escapes. (libmount 2.38 reads utab's lines when asked for a table of it, but finds no
     /// target among them.)

@@ -226,6 +226,29 @@ final class Mount {
 
     func path(_ relative: String) -> String { directory + "/" + relative }
 
+    /// The worker serving the mount (issue 40): the foreground mount.cssp's one child; nil
+    /// while there is none (between a death and the next, or after the supervisor gave up).
+    func worker() -> pid_t? {
+        let path = "/proc/\(child.pid)/task/\(child.pid)/children"
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return nil }
+        let children = text.split(separator: " ").compactMap { pid_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        return children.count == 1 ? children[0] : nil
+    }
+
+    /// Kills the worker with -9 and returns once another serves in its place.
+    @discardableResult
+    func killWorker() throws -> (killed: pid_t, next: pid_t) {
+        guard let killed = worker() else { throw HarnessError("no worker under \(child.pid): \(stderrText)") }
+        guard kill(killed, SIGKILL) == 0 else { throw HarnessError("kill -9 \(killed): errno \(errno)") }
+        var next: pid_t? = nil
+        let replaced = poll(seconds: 20, interval: 5_000) {
+            next = worker()
+            return next != nil && next != killed
+        }
+        guard replaced, let next else { throw HarnessError("no worker took over from \(killed): \(stderrText)") }
+        return (killed, next)
+    }
+
     /// Waits for the daemon to exit and returns its status.
     func waitForExit() -> Int32 {
         if let exitStatus { return exitStatus }

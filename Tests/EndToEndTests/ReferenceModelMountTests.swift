@@ -32,7 +32,7 @@ struct ReferenceModelMountTests {
             defer { run.cleanUp() }
             try run.run(operations: operations)
             total += run.operations
-            print("mount reference model: seed \(seed), -o \(run.options.joined(separator: ",")): \(run.operations) operations, \(run.settles) checks once nothing was owed, \(run.kills) kill -9s")
+            print("mount reference model: seed \(seed), -o \(run.options.joined(separator: ",")): \(run.operations) operations, \(run.settles) checks once nothing was owed, \(run.kills) kill -9s, \(run.workerKills) of the worker")
         }
         print("mount reference model: \(total) operations over seeds \(seeds)")
     }
@@ -82,6 +82,7 @@ final class MountModelRun {
     var settles = 0
     /// Daemons killed (SIGKILL) and mounted again (write-back runs).
     var kills = 0
+    var workerKills = 0
     let names = ["a", "b", "c", "d é", "e"]
     let options: [String]
 
@@ -220,7 +221,14 @@ final class MountModelRun {
         case 74..<78: try listDirectory()
         case 78..<81: try keepOrRewindDirectory()
         case 81..<87: try statAndRead(target([.file, .directory, .symlink]))
-        case 87..<89: try options.contains("writeback") && chance(0.5) ? killAndMountAgain() : remount()
+        case 87..<89:
+            if options.contains("writeback") && chance(0.5) {
+                try killAndMountAgain()
+            } else if chance(0.4) {
+                try killWorker()
+            } else {
+                try remount()
+            }
         case 89..<92: try anotherClientPuts()
         case 92..<94: try anotherClientDeletes()
         case 94..<96: try settleAndCheck()
@@ -564,6 +572,22 @@ final class MountModelRun {
         kills += 1
         // What the dead mount owed is stored before its names are served (RecoveredWork): the
         // tree shows as it was at once, while the recovery still runs.
+        try checkEverything()
+        try waitUntilNothingOwed()
+        settles += 1
+        try checkEverything()
+    }
+
+    /// Issue 40: the worker is killed (SIGKILL) between two operations, with nothing open; the
+    /// supervisor starts another, which serves the same mount. The tree shows as it was at once
+    /// (a worker's death is a daemon's death without the remount), and again once nothing is owed.
+    func killWorker() throws {
+        trace.append("close everything, kill -9 the worker, check at once (its successor serves), wait until nothing is owed, check")
+        for kept in streams { closedir(kept.stream) }
+        streams = []
+        while !descriptors.isEmpty { try closeDescriptor(at: descriptors.count - 1) }
+        try mount.killWorker()
+        workerKills += 1
         try checkEverything()
         try waitUntilNothingOwed()
         settles += 1

@@ -35,6 +35,85 @@ struct FilesystemTests {
         try fs.readWhole(inode, chunk: chunk)
     }
 
+    /// A worker that replaces a dead one (issue 40) numbers nodes, file handles and directory
+    /// handles from its own range: the kernel may still hold the dead one's numbers, and one
+    /// given again would name another file to it.
+    @Test func aReplacingWorkerNumbersFromItsOwnRange() throws {
+        let store = FakeObjectStore()
+        store.seed("d/f", text: "bytes")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        let first: UInt64 = 3 << 40
+        fs.numberFrom(first)
+        let d = try fs.lookup(parent: Filesystem.rootInode, name: "d")
+        let f = try fs.lookup(parent: d.inode, name: "f")
+        #expect(d.inode >= first && f.inode > d.inode)
+        let directory = try fs.opendir(d.inode)
+        defer { fs.releasedir(handle: directory) }
+        let file = try fs.open(f.inode, writable: false, truncate: false)
+        defer { fs.release(handle: file.handle) }
+        #expect(directory >= first && file.handle >= first)
+        #expect(try readAll(fs, f.inode) == Array("bytes".utf8))
+    }
+
+    /// A node log in memory (issue 40), as the supervisor's shared one keeps it: the latest
+    /// record of a number wins.
+    final class MemoryNodeLog: NodeLog, @unchecked Sendable {
+        let records = Locked<[InodeNumber: AdoptedNode?]>([:])
+        func named(_ inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind) -> Bool {
+            records.withLock { $0[inode] = AdoptedNode(inode: inode, parent: parent, name: name, kind: kind) }
+            return true
+        }
+        func unnamed(_ inode: InodeNumber) { records.withLock { $0[inode] = .some(nil) } }
+        func restart() { records.withLock { $0 = [:] } }
+        var recorded: [AdoptedNode] { records.withLock { $0.values.compactMap { $0 } } }
+    }
+
+    /// A worker that replaces a dead one takes over the numbers the kernel holds (issue 40):
+    /// the same names have the same numbers (a directory's, a renamed file's), an adopted
+    /// node is described by its first use (a directory's mode from its marker, a file's size),
+    /// a name removed since is not taken over, and the kernel's forget of more lookups than
+    /// the successor counted takes what there is.
+    @Test func aSuccessorTakesOverTheNumbersTheKernelHolds() throws {
+        let store = FakeObjectStore()
+        store.seed("d/", metadata: ["mode": "0700"])
+        store.seed("d/f", text: "bytes")
+        store.seed("d/gone", text: "x")
+        store.seed("d/old", text: "renamed")
+        let log = MemoryNodeLog()
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
+        configuration.nodeLog = log
+        let first = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        let d = try first.lookup(parent: Filesystem.rootInode, name: "d")
+        let f = try first.lookup(parent: d.inode, name: "f")
+        _ = try first.lookup(parent: d.inode, name: "f")
+        _ = try first.lookup(parent: d.inode, name: "gone")
+        let old = try first.lookup(parent: d.inode, name: "old")
+        try first.rename(parent: d.inode, name: "old", newParent: Filesystem.rootInode, newName: "new", noReplace: false)
+        try first.unlink(parent: d.inode, name: "gone")
+        first.shutdown()
+        store.seed("d/fresh", text: "new")
+        // The worker died: its successor starts from the log.
+        configuration.adoptedNodes = log.recorded
+        let next = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { next.shutdown() }
+        next.numberFrom(1 << 40)
+        let directory = try next.getattr(d.inode)
+        #expect(directory.inode == d.inode && directory.kind == .directory && directory.permissions == 0o700)
+        #expect(try next.getattr(f.inode).size == 5)
+        #expect(try next.lookup(parent: d.inode, name: "f").inode == f.inode)
+        #expect(try next.lookup(parent: Filesystem.rootInode, name: "new").inode == old.inode)
+        #expect(try next.lookup(parent: Filesystem.rootInode, name: "d").inode == d.inode)
+        #expect(throws: FSError.self) { _ = try next.lookup(parent: d.inode, name: "gone") }
+        // The kernel held f with two lookups from the dead worker and one from this one: it
+        // lets go of all three at once.
+        next.forget(f.inode, count: 3)
+        #expect(throws: FSError.self) { _ = try next.getattr(f.inode) }
+        // A name no number was logged for takes one of this worker's range.
+        #expect(try next.lookup(parent: d.inode, name: "fresh").inode >= 1 << 40)
+    }
+
     /// rm of an empty file this mount just stored (or HEADed) is one DELETE, not a HEAD first
     /// (issue 20 part 2: no two requests in series where one does); one whose metadata is
     /// older is HEADed first (it may be a DLO manifest since).

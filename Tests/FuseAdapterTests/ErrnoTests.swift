@@ -17,6 +17,7 @@ struct ErrnoTests {
         (.notEmpty, .directoryNotEmpty),
         (.permissionDenied, .permissionDenied),
         (.stale, .staleNFSFileHandle),
+        (.badHandle, .badFileDescriptor),
         (.notSupported, .notSupported),
         (.invalidArgument, .invalidArgument),
         (.nameTooLong, .fileNameTooLong),
@@ -37,7 +38,7 @@ struct ErrnoTests {
     /// The names in log lines and `cssp_errors_total` are the names of the errnos sent.
     @Test func everyCodeNamesTheErrnoItBecomes() {
         let values: [String: Int32] = [
-            "ENOENT": ENOENT, "ENOTDIR": ENOTDIR, "EISDIR": EISDIR, "EROFS": EROFS, "ENOTEMPTY": ENOTEMPTY,
+            "ENOENT": ENOENT, "ENOTDIR": ENOTDIR, "EISDIR": EISDIR, "EROFS": EROFS, "EBADF": EBADF, "ENOTEMPTY": ENOTEMPTY,
             "EACCES": EACCES, "ESTALE": ESTALE, "EOPNOTSUPP": EOPNOTSUPP, "EINVAL": EINVAL,
             "ENAMETOOLONG": ENAMETOOLONG, "EPERM": EPERM, "ENOSPC": ENOSPC, "EEXIST": EEXIST, "EILSEQ": EILSEQ,
             "EIO": EIO,

@@ -1,0 +1,46 @@
+// The supervisor of a mount (issue 40, docs/restart-design.md): the process that mounted holds
+// /dev/fuse for the mount's whole life and serves nothing; workers it forks serve. A worker that
+// dies is replaced, and the kernel's requests wait in its queue meanwhile: no ENOTCONN.
+#ifndef CSSP_SUPERVISOR_H
+#define CSSP_SUPERVISOR_H
+#include <stddef.h>
+#include <stdint.h>
+
+struct fuse_session;
+
+/// Called once mounted (after detaching, when not in the foreground), before any thread is
+/// started. Reads the kernel's INIT request, then forks workers until the mount ends.
+/// Returns only in a worker, with 0. In the supervisor it never returns: once the mount ends (or
+/// a SIGTERM, SIGINT or SIGHUP unmounted it and the worker finished) it exits with the last
+/// worker's status. `use_syslog`: where the supervisor logs (else stderr).
+int cssp_supervise(struct fuse_session *se, int use_syslog);
+
+/// In a worker: makes `se` (a session of the worker's own, never mounted) read and write
+/// through the inherited descriptor, replays the INIT
+/// the supervisor read (its reply reaches the kernel from the first worker only) and, in a
+/// worker that replaces a dead one, asks the kernel to send again the requests that one had
+/// read (FUSE_NOTIFY_RESEND), where the kernel can. 0, or -1 when the session refused.
+int cssp_worker_start(struct fuse_session *se);
+
+/// Which worker this is: 0 for the first, n for the one started after n deaths.
+uint64_t cssp_worker_incarnation(void);
+
+/// The supervisor's pid (in a worker: its parent), 0 before `cssp_supervise`.
+int cssp_supervisor_pid(void);
+
+/// Whether the kernel offered FUSE_HAS_RESEND (known once `cssp_supervise` read the INIT).
+int cssp_kernel_resends(void);
+
+/// Requests this worker read that the kernel sent again (a dead worker had read them).
+uint64_t cssp_resent_requests(void);
+
+/// The node log, shared by the supervisor and its workers (one writer at a time: the worker,
+/// under its own lock). Appends `size` bytes of `record`: 0, or -1 when there is no room (or no
+/// log). `restart` empties it; `read` gives its bytes and their count.
+int cssp_node_log_append(const void *record, size_t size);
+void cssp_node_log_restart(void);
+size_t cssp_node_log_read(const unsigned char **bytes);
+
+/// Requests sent again at the kernel's RESEND are marked by this bit of their unique id.
+#define CSSP_FUSE_UNIQUE_RESEND (1ULL << 63)
+#endif

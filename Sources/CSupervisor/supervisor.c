@@ -1,0 +1,371 @@
+// The supervisor and the start of a worker: see include/cssp_supervisor.h and
+// docs/restart-design.md. Plain C on purpose: the supervisor must stay small and must not depend
+// on anything a worker's death can leave in a bad state.
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 312
+#include "cssp_supervisor.h"
+
+#include <fuse3/fuse_lowlevel.h>
+#include <linux/fuse.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+// Debian 12's linux/fuse.h (7.38) names neither: the kernel has both since 6.9 (7.40).
+#define CSSP_FUSE_NOTIFY_RESEND 7
+#define CSSP_FUSE_HAS_RESEND (1ULL << 39)
+
+// A worker that dies this many times within this many seconds is not started again: the mount
+// answers EIO until it is unmounted.
+#define DEATHS_ALLOWED 5
+#define DEATH_WINDOW_SECONDS 30
+
+/// What the supervisor and its workers share across fork: a page of anonymous shared memory.
+struct shared {
+    /// The first INIT reply that reached the kernel; later workers' replies are compared with it
+    /// and dropped (the kernel takes one).
+    int init_answered;
+    size_t init_reply_size;
+    unsigned char init_reply[512];
+};
+
+/// The node log (`cssp_node_log_*`): what the kernel's node numbers name, appended by the
+/// worker, read by its successor. Anonymous shared memory the supervisor maps before the first
+/// fork; pages are taken as they are written.
+struct node_log {
+    uint64_t used;
+    unsigned char bytes[];
+};
+#define NODE_LOG_CAPACITY ((size_t)1 << 30)
+static struct node_log *node_log;
+
+static unsigned char init_request[8192];
+static size_t init_request_size;
+static uint64_t init_unique;
+static int kernel_resends;
+static uint64_t incarnation;
+static pid_t supervisor;
+// The mount's /dev/fuse descriptor (the supervisor's; a worker's copy by the same number).
+static int device_fd = -1;
+static int log_to_syslog;
+static struct shared *shared;
+// In a worker, while its session handles the replayed INIT.
+static int replaying;
+static int reply_differs;
+
+static void say(int priority, const char *format, ...) {
+    char message[512];
+    va_list arguments;
+    va_start(arguments, format);
+    vsnprintf(message, sizeof message, format, arguments);
+    va_end(arguments);
+    if (log_to_syslog) {
+        syslog(priority, "%s", message);
+    } else {
+        fprintf(stderr, "mount.cssp: %s\n", message);
+    }
+}
+
+static double monotonic_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static void sleep_seconds(double seconds) {
+    struct timespec wait = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&wait, &wait) != 0 && errno == EINTR) {}
+}
+
+/// Whether the kernel ended the connection (unmounted, or aborted through fusectl).
+static int connection_gone(int fd) {
+    if (fd < 0) return 1;
+    struct pollfd probe = {.fd = fd, .events = 0};
+    return poll(&probe, 1, 0) == 1 && (probe.revents & (POLLERR | POLLHUP | POLLNVAL));
+}
+
+/// After the worker gave up: one request read and answered EIO (a FORGET or INTERRUPT needs no
+/// answer). -1 once the kernel ended the connection.
+static int answer_eio(int fd, unsigned char *buffer, size_t size) {
+    ssize_t n = read(fd, buffer, size);
+    if (n < 0) return errno == ENODEV ? -1 : 0;
+    if ((size_t)n < sizeof(struct fuse_in_header)) return 0;
+    const struct fuse_in_header *in = (const void *)buffer;
+    if (in->opcode == FUSE_FORGET || in->opcode == FUSE_BATCH_FORGET || in->opcode == FUSE_INTERRUPT) return 0;
+    struct fuse_out_header out = {.len = sizeof out, .error = -EIO, .unique = in->unique};
+    if (write(fd, &out, sizeof out) < 0 && errno == ENODEV) return -1;
+    return 0;
+}
+
+static const char *describe(int status, char *text, size_t size) {
+    if (WIFSIGNALED(status)) {
+        snprintf(text, size, "killed by signal %d (%s)%s", WTERMSIG(status), strsignal(WTERMSIG(status)),
+                 WCOREDUMP(status) ? ", core dumped" : "");
+    } else {
+        snprintf(text, size, "exited with status %d", WEXITSTATUS(status));
+    }
+    return text;
+}
+
+static int final_status(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int cssp_supervise(struct fuse_session *se, int use_syslog) {
+    log_to_syslog = use_syslog;
+    supervisor = getpid();
+    int fd = fuse_session_fd(se);
+    device_fd = fd;
+    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) {
+        say(LOG_ERR, "cannot map the supervisor's shared page: %s", strerror(errno));
+        fuse_session_unmount(se);
+        _exit(32);
+    }
+    memset(shared, 0, sizeof *shared);
+    node_log = mmap(NULL, NODE_LOG_CAPACITY, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (node_log == MAP_FAILED) {
+        say(LOG_WARNING, "no node log (%s): a worker that replaces a dead one knows none of its numbers", strerror(errno));
+        node_log = NULL;
+    }
+
+    ssize_t n;
+    do {
+        n = read(fd, init_request, sizeof init_request);
+    } while (n < 0 && errno == EINTR);
+    const struct fuse_in_header *in = (const void *)init_request;
+    if (n < (ssize_t)(sizeof *in + sizeof(struct fuse_init_in)) || in->opcode != FUSE_INIT) {
+        say(LOG_ERR, "the kernel's first request was not INIT (%s): unmounting", n < 0 ? strerror(errno) : "short");
+        fuse_session_unmount(se);
+        _exit(32);
+    }
+    init_request_size = (size_t)n;
+    init_unique = in->unique;
+    const struct fuse_init_in *init = (const void *)(init_request + sizeof *in);
+    uint64_t flags = init->flags;
+    if (flags & FUSE_INIT_EXT) flags |= (uint64_t)init->flags2 << 32;
+    kernel_resends = (flags & CSSP_FUSE_HAS_RESEND) != 0;
+
+    // The supervisor takes the termination signals (it unmounts) and SIGUSR1 (passed on), and
+    // learns of a worker's end from SIGCHLD, all through one descriptor.
+    sigset_t original, handled;
+    sigemptyset(&handled);
+    int signals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD};
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) sigaddset(&handled, signals[i]);
+    sigprocmask(SIG_BLOCK, &handled, &original);
+    int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
+    if (signal_fd < 0) {
+        say(LOG_ERR, "cannot make a signalfd: %s; unmounting", strerror(errno));
+        fuse_session_unmount(se);
+        _exit(32);
+    }
+
+    double deaths[DEATHS_ALLOWED] = {0};
+    size_t death_count = 0;
+    int stopping = 0, given_up = 0, last_status = 0;
+    unsigned char *eio_buffer = NULL;
+    size_t eio_buffer_size = 0;
+    pid_t worker = 0;
+    double start_at = monotonic_seconds();  // when the next worker is due (0: none is)
+
+    for (;;) {
+        if (worker == 0 && start_at > 0 && !stopping && !given_up) {
+            double wait = start_at - monotonic_seconds();
+            if (wait > 0) sleep_seconds(wait);
+            start_at = 0;
+            pid_t pid = fork();
+            if (pid == 0) {
+                close(signal_fd);
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (getppid() != supervisor) _exit(1);
+                // Termination signals wait until the worker serves (it leaves its loop at one).
+                sigset_t mask = original;
+                sigaddset(&mask, SIGTERM);
+                sigaddset(&mask, SIGINT);
+                sigaddset(&mask, SIGHUP);
+                sigprocmask(SIG_SETMASK, &mask, NULL);
+                return 0;
+            }
+            if (pid < 0) {
+                say(LOG_ERR, "cannot start a worker: %s; trying again in 1 s", strerror(errno));
+                start_at = monotonic_seconds() + 1;
+                continue;
+            }
+            worker = pid;
+        }
+        struct pollfd waits[2] = {{.fd = signal_fd, .events = POLLIN}, {.fd = given_up ? fd : -1, .events = POLLIN}};
+        if (poll(waits, 2, -1) < 0) continue;
+        if (waits[1].revents) {
+            if (answer_eio(fd, eio_buffer, eio_buffer_size) < 0) _exit(last_status ? last_status : 1);
+        }
+        if (!(waits[0].revents & POLLIN)) continue;
+        struct signalfd_siginfo info;
+        if (read(signal_fd, &info, sizeof info) != sizeof info) continue;
+        switch (info.ssi_signo) {
+        case SIGUSR1:
+            if (worker > 0) kill(worker, SIGUSR1);
+            break;
+        case SIGTERM:
+        case SIGINT:
+        case SIGHUP:
+            if (!stopping) {
+                say(LOG_NOTICE, "%s: unmounting", strsignal((int)info.ssi_signo));
+                stopping = 1;
+                fuse_session_unmount(se);
+                fd = -1;
+                if (worker == 0) _exit(given_up ? 1 : last_status);
+                // The worker leaves its loop even while files stay open on the detached
+                // mount (as one process did), drains and exits.
+                kill(worker, SIGTERM);
+            }
+            break;
+        case SIGCHLD: {
+            int status;
+            pid_t ended;
+            while ((ended = waitpid(-1, &status, WNOHANG)) > 0) {
+                if (ended != worker) continue;
+                worker = 0;
+                last_status = final_status(status);
+                if (stopping || connection_gone(fd)) _exit(last_status);
+                char text[160];
+                describe(status, text, sizeof text);
+                double now = monotonic_seconds();
+                deaths[death_count % DEATHS_ALLOWED] = now;
+                death_count++;
+                size_t recent = 0;
+                for (size_t i = 0; i < DEATHS_ALLOWED && i < death_count; i++) {
+                    if (now - deaths[i] <= DEATH_WINDOW_SECONDS) recent++;
+                }
+                if (recent >= DEATHS_ALLOWED) {
+                    say(LOG_ERR,
+                        "worker %d %s, its %d death within %d s: no new worker; every request now fails with EIO "
+                        "until the mount is unmounted (umount it, then mount again; the log above says why)",
+                        (int)ended, text, DEATHS_ALLOWED, DEATH_WINDOW_SECONDS);
+                    given_up = 1;
+                    eio_buffer_size = 4 << 20;  // more than the largest WRITE the kernel sends
+                    eio_buffer = malloc(eio_buffer_size);
+                    if (eio_buffer == NULL) _exit(1);
+                    break;
+                }
+                // The first restart at once; then 0.1 s, 0.2 s, 0.4 s... while deaths come fast.
+                double backoff = recent <= 1 ? 0 : 0.1 * (double)(1u << (recent - 2));
+                incarnation++;
+                say(LOG_ERR, "worker %d %s; starting worker %llu%s", (int)ended, text,
+                    (unsigned long long)incarnation,
+                    kernel_resends ? " (the kernel sends its requests again)"
+                                   : " (this kernel cannot send again the requests it had read: they hang)");
+                start_at = now + backoff;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+static uint64_t resent_requests;
+
+static ssize_t worker_read(int fd, void *buffer, size_t size, void *userdata) {
+    (void)userdata;
+    ssize_t n = read(fd, buffer, size);
+    if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
+        const struct fuse_in_header *in = buffer;
+        if (in->unique & CSSP_FUSE_UNIQUE_RESEND) __atomic_add_fetch(&resent_requests, 1, __ATOMIC_RELAXED);
+    }
+    return n;
+}
+
+uint64_t cssp_resent_requests(void) { return __atomic_load_n(&resent_requests, __ATOMIC_RELAXED); }
+
+static ssize_t worker_writev(int fd, struct iovec *iov, int count, void *userdata) {
+    (void)userdata;
+    if (replaying && count > 0 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
+        const struct fuse_out_header *out = iov[0].iov_base;
+        if (out->unique == init_unique) {
+            unsigned char reply[sizeof shared->init_reply];
+            size_t total = 0;
+            for (int i = 0; i < count; i++) {
+                size_t part = iov[i].iov_len;
+                if (total + part <= sizeof reply) memcpy(reply + total, iov[i].iov_base, part);
+                total += part;
+            }
+            if (total > sizeof reply) total = sizeof reply;
+            if (shared->init_answered) {
+                // The kernel has its answer: this one only sets up the session, and must be the same.
+                reply_differs = total != shared->init_reply_size || memcmp(reply, shared->init_reply, total) != 0;
+                return (ssize_t)total;
+            }
+            ssize_t written = writev(fd, iov, count);
+            if (written >= 0) {
+                memcpy(shared->init_reply, reply, total);
+                shared->init_reply_size = total;
+                shared->init_answered = 1;
+            }
+            return written;
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+int cssp_worker_start(struct fuse_session *se) {
+    static const struct fuse_custom_io io = {.read = worker_read, .writev = worker_writev};
+    int fd = device_fd;
+    if (fd < 0) return -1;
+    if (fuse_session_custom_io(se, &io, fd) != 0) return -1;
+    struct fuse_buf buffer = {.mem = init_request, .size = init_request_size};
+    replaying = 1;
+    fuse_session_process_buf(se, &buffer);
+    replaying = 0;
+    if (reply_differs) {
+        say(LOG_ERR, "worker %d negotiated another INIT answer than the first worker: it cannot serve this mount",
+            (int)getpid());
+        return -1;
+    }
+    if (incarnation > 0 && kernel_resends) {
+        struct fuse_out_header resend = {.len = sizeof resend, .error = CSSP_FUSE_NOTIFY_RESEND, .unique = 0};
+        if (write(fd, &resend, sizeof resend) < 0) {
+            say(LOG_WARNING, "worker %d: the kernel refused FUSE_NOTIFY_RESEND: %s", (int)getpid(), strerror(errno));
+        }
+    }
+    return 0;
+}
+
+int cssp_node_log_append(const void *record, size_t size) {
+    if (node_log == NULL) return -1;
+    uint64_t used = node_log->used;
+    if (sizeof *node_log + used + size > NODE_LOG_CAPACITY) return -1;
+    memcpy(node_log->bytes + used, record, size);
+    // A worker killed in the middle leaves the record uncounted.
+    __atomic_store_n(&node_log->used, used + size, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void cssp_node_log_restart(void) {
+    if (node_log != NULL) __atomic_store_n(&node_log->used, 0, __ATOMIC_RELEASE);
+}
+
+size_t cssp_node_log_read(const unsigned char **bytes) {
+    if (node_log == NULL) return 0;
+    *bytes = node_log->bytes;
+    return __atomic_load_n(&node_log->used, __ATOMIC_ACQUIRE);
+}
+
+uint64_t cssp_worker_incarnation(void) { return incarnation; }
+
+int cssp_supervisor_pid(void) { return (int)supervisor; }
+
+int cssp_kernel_resends(void) { return kernel_resends; }
