@@ -183,6 +183,8 @@ final class Mount {
     let child: Child
     private let stderrPath: String
     private var exitStatus: Int32? = nil
+    /// The worker last seen serving the mount (issue 40).
+    private var lastWorker: pid_t? = nil
 
     /// `url`: the server's URL when not the environment's (a TLS relay in front of it). `at`: an
     /// existing mountpoint (another `Mount`'s), instead of a new one.
@@ -220,6 +222,7 @@ final class Mount {
             if Date() > deadline { throw HarnessError("mount did not appear within 20 s: \(stderrText)") }
             usleep(10_000)
         }
+        lastWorker = worker()
     }
 
     var stderrText: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
@@ -246,15 +249,31 @@ final class Mount {
             return next != nil && next != killed
         }
         guard replaced, let next else { throw HarnessError("no worker took over from \(killed): \(stderrText)") }
+        lastWorker = next
         return (killed, next)
     }
 
-    /// Waits for the daemon to exit and returns its status.
+    /// Waits for the daemon to exit and returns its status. The supervisor's worker ends with
+    /// it, a moment later when the supervisor was killed (PR_SET_PDEATHSIG): that too is waited
+    /// for, so that the mount is dead (ENOTCONN) once this returns.
     func waitForExit() -> Int32 {
         if let exitStatus { return exitStatus }
         let status = child.wait()
         exitStatus = status
+        if let worker = lastWorker { _ = poll(seconds: 20, interval: 2_000) { Self.hasEnded(worker) } }
         return status
+    }
+
+    /// Whether process `pid` is gone, or a zombie none of whose threads still runs (its
+    /// descriptors are closed then: a leader shows Z while its other threads still exit).
+    static func hasEnded(_ pid: pid_t) -> Bool {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let close = text.lastIndex(of: ")")
+        else { return true }
+        let state = text[text.index(after: close)...].dropFirst().first
+        guard state == "Z" || state == "X" else { return false }
+        let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task"))?.count ?? 0
+        return threads <= 1
     }
 
     /// Unmounts (fusermount3 -u by default) and returns the daemon's exit status.

@@ -199,6 +199,26 @@ struct RestartTests {
         #expect(try mount.unmount() == 0)
     }
 
+    /// The supervisor killed with -9 ends the mount, as documented: its worker ends with it,
+    /// the mountpoint answers ENOTCONN, and the next mount there detaches it and serves.
+    @Test func aSupervisorKilledWithMinus9EndsTheMount() throws {
+        let scene = try Scene()
+        defer { try? FileManager.default.removeItem(atPath: scene.cache) }
+        let first = scene.mount
+        guard let worker = first.worker() else { throw HarnessError("no worker: \(first.stderrText)") }
+        #expect(kill(first.child.pid, SIGKILL) == 0)
+        _ = first.waitForExit()
+        #expect(Mount.hasEnded(worker), "the worker outlived its supervisor")
+        var st = statvfs()
+        #expect(statvfs(first.directory, &st) != 0 && errno == ENOTCONN)
+        try withExtendedLifetime(first) {
+            let next = try Mount(
+                scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache], at: first.directory)
+            #expect(next.stderrText.contains("dead csspfs mount"), "\(next.stderrText)")
+            #expect(try next.unmount() == 0)
+        }
+    }
+
     /// A worker that dies again and again (five times within 30 s) is not started once more:
     /// every request fails with EIO, none hangs, the log says why, and the mount unmounts.
     @Test func aWorkerThatKeepsDyingMakesTheMountAnswerEIO() throws {
