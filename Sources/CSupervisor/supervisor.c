@@ -175,6 +175,9 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
 
     double deaths[DEATHS_ALLOWED] = {0};
     size_t death_count = 0;
+    // Deaths each within 2 s of the one before: a crash loop, met with a growing wait.
+    unsigned fast_deaths = 0;
+    double last_death = -1e9;
     int stopping = 0, given_up = 0, last_status = 0;
     unsigned char *eio_buffer = NULL;
     size_t eio_buffer_size = 0;
@@ -260,8 +263,10 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
                     if (eio_buffer == NULL) _exit(1);
                     break;
                 }
-                // The first restart at once; then 0.1 s, 0.2 s, 0.4 s... while deaths come fast.
-                double backoff = recent <= 1 ? 0 : 0.1 * (double)(1u << (recent - 2));
+                // At once; after a death within 2 s of the one before, 0.1 s, then 0.2 s, 0.4 s...
+                fast_deaths = now - last_death < 2 ? fast_deaths + 1 : 0;
+                last_death = now;
+                double backoff = fast_deaths == 0 ? 0 : 0.1 * (double)(1u << (fast_deaths - 1 < 5 ? fast_deaths - 1 : 5));
                 incarnation++;
                 say(LOG_ERR, "worker %d %s; starting worker %llu%s", (int)ended, text,
                     (unsigned long long)incarnation,
