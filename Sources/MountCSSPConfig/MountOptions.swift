@@ -370,7 +370,7 @@ public enum Arguments {
           -v                     log mounts and unmounts (info level)
           -h, --help             this text;  -V, --version  the version
           --stats MOUNTPOINT     the running mount's statistics (Prometheus text format)
-          --status MOUNTPOINT    uploads in progress and owed, for people
+          --status MOUNTPOINT    its processes, uploads in progress and owed, for people
           --unmount MOUNTPOINT   store what is owed (up to drain_timeout), then unmount; also
                                  what umount(8) runs (as /sbin/umount.cssp)
 

@@ -72,6 +72,9 @@ final class MountModelRun {
     let store: HTTPObjectStore
     var mount: Mount
     var random: SeededGenerator
+    /// Whether a remount is a kill of the worker instead (issue 40): a stream of its own, so
+    /// that the operations each seed draws stay those it drew before worker kills existed.
+    var killRandom: SeededGenerator
     var tree: [String: Object] = [:]
     var descriptors: [Descriptor] = []
     /// Directory streams kept open (opendir) and the directory each shows (nil: the root).
@@ -103,6 +106,7 @@ final class MountModelRun {
         self.seed = seed
         options = Self.options(seed: seed)
         random = SeededGenerator(seed: seed)
+        killRandom = SeededGenerator(seed: seed ^ 0x9e37_79b9_7f4a_7c15)
         container = "model-\(seed)-" + UUID().uuidString.prefix(6).lowercased()
         store = environment.store(container: container)
         try store.createContainer()
@@ -224,7 +228,7 @@ final class MountModelRun {
         case 87..<89:
             if options.contains("writeback") && chance(0.5) {
                 try killAndMountAgain()
-            } else if chance(0.4) {
+            } else if Double.random(in: 0..<1, using: &killRandom) < 0.4 {
                 try killWorker()
             } else {
                 try remount()
