@@ -224,10 +224,16 @@ public final class Filesystem: Sendable, PollHost {
     func attributes(of node: Node) -> Attributes { node.attributes(configuration) }
 
     public func getattr(_ inode: InodeNumber) throws(FSError) -> Attributes {
-        try describeIfAdopted(inode)
         // The node and its spool in one look: a spool retired in between (its upload just stored
-        // the file) would leave a node read before the upload updated it.
-        let (known, open) = names.withLock { s in (s.inodes[inode], s.spools[inode]) }
+        // the file) would leave a node read before the upload updated it. (And whether it is a
+        // node a dead worker left, to be described first: no second lock on this hot path.)
+        let (known, open, adopted) = names.withLock { s in
+            (s.inodes[inode], s.spools[inode], s.inodes.undescribed.contains(inode))
+        }
+        if adopted {
+            try describeIfAdopted(inode)
+            return try getattr(inode)
+        }
         guard var node = known else { throw FSError(.stale, "inode \(inode) is not known (forgotten by the kernel)") }
         if let open {
             node.size = open.size
