@@ -57,14 +57,13 @@ package final class FileReader: Sendable {
     /// Blocks of reads served from the cache, and not.
     private let cacheHits: Counter?
     private let cacheMisses: Counter?
-    /// Kernel page-cache stores queued or running, process-wide.
-    private static let kernelStores = Atomic<Int>(0)
     /// Object versions being pulled whole by the mount's readers (subtlety 7).
     private let pulling: PullRegistry
     /// GETs a pull keeps running at once.
     package static let pullWorkers = 3
-    /// Stores a random reader's fetched range in the kernel's page cache (`KernelCache`).
-    private let kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)?
+    /// Stores a random reader's fetched range in the kernel's page cache, and the mount's
+    /// `KernelCache`, which bounds the stores waiting.
+    private let kernel: (cache: KernelCache, store: @Sendable (Int64, UnsafeRawBufferPointer) -> Void)?
 
     private struct State {
         /// Blocks fetched or being fetched for this handle, by index.
@@ -103,7 +102,8 @@ package final class FileReader: Sendable {
         cache: BlockCache?, cacheName: String, fetchSize: Int, groupSize: Int, maximumWindow: Int,
         budget: MemoryBudget = MemoryBudget(limit: .max), pulling: PullRegistry = PullRegistry(),
         metrics: MountMetrics? = nil,
-        kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil, keptPages: Bool = false, openedAt: Double = 0
+        kernel: (cache: KernelCache, store: @Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil,
+        keptPages: Bool = false, openedAt: Double = 0
     ) {
         self.keptPages = keptPages
         self.openedAt = openedAt
@@ -477,18 +477,14 @@ package final class FileReader: Sendable {
             // Only for random readers: a sequential one is served by the kernel's own read-ahead.
             // Never on this thread: the kernel locks the pages the pending read is waiting for,
             // so storing into them before that read is answered would deadlock.
-            // At most two stores wait at a time (each holds its 4 MiB buffer); past that the
-            // bytes are not offered: the kernel will simply ask for them.
-            if waitForCache && versionChecked, let kernel,
-                Self.kernelStores.add(1, ordering: .relaxed).newValue <= 2
-            {
+            // Few stores wait at a time (each holds its 4 MiB buffer); past that the bytes are
+            // not offered: the kernel will simply ask for them.
+            if waitForCache && versionChecked, let kernel, kernel.cache.reserveQueuedStore() {
                 let offered = pool.submit {
-                    buffer.withBytes(0..<buffer.count) { kernel(lower, $0) }
-                    Self.kernelStores.subtract(1, ordering: .relaxed)
+                    buffer.withBytes(0..<buffer.count) { kernel.store(lower, $0) }
+                    kernel.cache.endQueuedStore()
                 }
-                if !offered { Self.kernelStores.subtract(1, ordering: .relaxed) }
-            } else if waitForCache && versionChecked && kernel != nil {
-                Self.kernelStores.subtract(1, ordering: .relaxed)
+                if !offered { kernel.cache.endQueuedStore() }
             }
         } catch {
             for block in run { block.finish(.failure(error)) }

@@ -14,7 +14,10 @@ import Glibc
 ///
 /// The bytes offered must be exactly the object's content at the ETag the open confirmed, and the
 /// file must have no spool (a writer's bytes must never be covered by older ones): `Filesystem`
-/// checks that before and after storing, and drops the kernel's pages if a writer came in between.
+/// checks that as a store starts and once it is done, and drops the kernel's pages if a writer
+/// came in between. An open that tells the kernel to drop the pages of an older version first
+/// waits for the stores under way: the bytes of one that landed after it would be what its reads
+/// get.
 public final class KernelCache: Sendable {
     public typealias Store = @Sendable (InodeNumber, Int64, UnsafeRawBufferPointer) -> Void
     /// Drops the kernel's attributes of the inode and, if the flag is set, its pages.
@@ -32,6 +35,12 @@ public final class KernelCache: Sendable {
     private let installed = Atomic<Bool>(false)
     /// Calls into the session under way (`uninstall` waits for them).
     private let running = Atomic<Int>(0)
+    /// Stores readers queued and not done (`reserveQueuedStore`).
+    private let queuedStores = Atomic<Int>(0)
+    /// The most stores readers may have queued at once: each holds its fetch's buffer.
+    package static let queuedStoreLimit = 2
+    /// Stores under way, per inode (`store(_:at:_:while:)`).
+    private let storing = ConditionLocked<[InodeNumber: Int]>([:])
 
     public init() {}
 
@@ -83,9 +92,45 @@ public final class KernelCache: Sendable {
         counted({ entryForgetter.withLock { $0 } }) { $0(parent, name) }
     }
 
-    package func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
-        call { $0.store(inode, offset, bytes) }
+    /// Counts a store a reader is about to queue; false (nothing counted) when
+    /// `queuedStoreLimit` are queued already. `endQueuedStore` once it ran or was not queued.
+    package func reserveQueuedStore() -> Bool {
+        if queuedStores.add(1, ordering: .relaxed).newValue <= Self.queuedStoreLimit { return true }
+        queuedStores.subtract(1, ordering: .relaxed)
+        return false
     }
+
+    package func endQueuedStore() { queuedStores.subtract(1, ordering: .relaxed) }
+
+    /// Stores `bytes` at `offset` of `inode` if `holds` (the bytes are still the version the
+    /// kernel may keep pages of, and no writer has the file), checked when the store starts; a
+    /// store under way is counted, so that `waitForStores` can wait for it. If `holds` is false
+    /// once stored (a writer came in, or a wait for it gave up), the pages are dropped again.
+    /// `holds` runs under this cache's lock: it may take the filesystem's, never the other way.
+    package func store(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer, while holds: () -> Bool) {
+        let started = storing.withLock { s in
+            guard holds() else { return false }
+            s[inode, default: 0] += 1
+            return true
+        }
+        guard started else { return }
+        call { $0.store(inode, offset, bytes) }
+        storing.withLock { s in
+            if let count = s[inode], count > 1 { s[inode] = count - 1 } else { s[inode] = nil }
+        }
+        if !holds() { invalidate(inode) }
+    }
+
+    /// Waits until no store of `inode` is under way: called once the bytes those stores carry
+    /// may no longer be kept (an open that finds another version, whose answer makes the kernel
+    /// drop the pages), so that none lands after that answer. A store waits for pages a pending
+    /// read holds locked, which needs a FUSE thread: at most `storeWait` seconds, after which
+    /// the store drops its pages itself once done (`store(_:at:_:while:)`).
+    package func waitForStores(of inode: InodeNumber) {
+        _ = storing.withLock(when: { $0[inode] == nil }, timeout: Self.storeWait) { _ in }
+    }
+
+    package static let storeWait: Double = 2
 
     /// Drops the kernel's pages and attributes of `inode`; with `pages` false only its
     /// attributes, which never waits for a read under way (dropping pages waits for the pages

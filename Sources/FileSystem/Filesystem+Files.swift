@@ -33,13 +33,15 @@ extension Filesystem {
             concurrency: configuration.uploadConcurrency, sharedParts: sharedParts, transfers: transfers)
     }
 
-    /// Puts bytes a random reader fetched into the kernel's page cache, unless the file has a
-    /// spool (a writer). A writer that appears while the bytes are stored gets the kernel's pages
-    /// of the file dropped, so it never reads older bytes than its own.
-    func offerToKernel(_ inode: InodeNumber, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
-        guard files.withLock({ $0.openFiles[inode] == nil }) else { return }
-        kernelCache.store(inode, at: offset, bytes)
-        if files.withLock({ $0.openFiles[inode] != nil }) { kernelCache.invalidate(inode) }
+    /// Puts bytes of version `etag` a random reader fetched into the kernel's page cache, while
+    /// that is the version the kernel was last told to keep pages of (`cachedEtag`, set by each
+    /// open) and the file has no spool (a writer). A writer that appears while the bytes are
+    /// stored gets the kernel's pages of the file dropped, so it never reads older bytes than its
+    /// own; an open of another version waits for the store (`open`).
+    func offerToKernel(_ inode: InodeNumber, version etag: String, at offset: Int64, _ bytes: UnsafeRawBufferPointer) {
+        kernelCache.store(inode, at: offset, bytes) { [self] in
+            files.withLock { $0.openFiles[inode] == nil } && names.withLock { $0.inodes[inode]?.cachedEtag } == etag
+        }
     }
 
     /// The name of `key`'s blocks in the block cache.
@@ -86,6 +88,9 @@ extension Filesystem {
             // The node took another version since the kernel last opened the file (a poll, a
             // listing): the kernel's size may be that version's, and would cut reads short.
             if otherVersion { kernelCache.invalidate(inode, pages: false) }
+            // The answer makes the kernel drop the file's pages: no store of an older version's
+            // bytes may land after it.
+            if !keep { kernelCache.waitForStores(of: inode) }
             let handle = register(.remote(makeReader(node, keptPages: keep), inode, localVersion: node.localVersion))
             return OpenResult(handle: handle, keepCache: keep)
         }
@@ -146,12 +151,12 @@ extension Filesystem {
     /// A reader of the object `node` describes (its key, size and ETag). `keptPages`: its handle
     /// was opened with the kernel's pages of the file kept (see `read(_:handle:...)`).
     private func makeReader(_ node: Node, keptPages: Bool = false) -> FileReader {
-        var kernel: (@Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
+        var kernel: (cache: KernelCache, store: @Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
         if kernelCache.isInstalled {
-            let inode = node.inode
-            kernel = { [weak self] (offset: Int64, bytes: UnsafeRawBufferPointer) in
-                self?.offerToKernel(inode, at: offset, bytes)
-            }
+            let (inode, etag) = (node.inode, node.etag)
+            kernel = (kernelCache, { [weak self] (offset: Int64, bytes: UnsafeRawBufferPointer) in
+                self?.offerToKernel(inode, version: etag, at: offset, bytes)
+            })
         }
         return FileReader(
             store: store, pool: pool, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest,
