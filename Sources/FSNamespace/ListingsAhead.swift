@@ -57,7 +57,10 @@ package protocol ListingsAheadHost: NamespaceHost, ListingResolver {
 /// 5. A listing of a parent made again (its own expired: a slow walk looks its subdirectories
 ///    up again as it goes into each) queues only the subdirectories after the one its walk last
 ///    read (within `lookupListingWindow`): the walk has passed the others. (`du` of 1 000
-///    directories listed the first ones again each time, up to 6 times, issue 38.)
+///    directories listed the first ones again each time, up to 6 times, issue 38.) They wait
+///    behind its subdirectories queued before (`AheadState.enqueue`), and those queued again
+///    (subtlety 6) go in the walk's order: served first, the walk's last directories were
+///    fetched while its next ones waited, and expired unused.
 /// 6. A listing that expires unused (a walk slower than its listings: a walk listing's pages
 ///    hold a hundred directories each) is queued again, once, and fetched again as the window
 ///    reaches it: the walk's readdir takes it instead of listing by itself, and the lookup
@@ -111,10 +114,7 @@ package final class ListingsAhead: Sendable {
                 a.slots[directory.key.exact] = .queued
                 batch.append(directory)
             }
-            if !batch.isEmpty {
-                a.batches.append((batch, 0))
-                a.waiting += batch.count
-            }
+            a.enqueue(batch, afterSiblings: passed != nil)
             return a.startable(width: width)
         }
         startListAheadWorkers(start, host)
@@ -371,6 +371,9 @@ package struct AheadState {
                 again.append(DirectoryBuilder.directory(name, key: key.string))
             }
         }
+        // In the walk's order: they expire in the order their fetches ended, and several
+        // workers end them out of order.
+        again.sort { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
         if let last = batches.indices.last, let first = batches[last].entries.first, requeued.contains(first.key.exact) {
             // After those queued again before, which the walk reaches first.
             batches[last].entries += again
@@ -413,6 +416,27 @@ package struct AheadState {
         let starting = max(0, min(width - workers, waiting))
         workers += starting
         return starting
+    }
+
+    /// Queues `batch`, subdirectories of one directory in its listing's order. Newest batch
+    /// first: walkers go depth first, so a directory's subdirectories are read before the rest of
+    /// its siblings. `afterSiblings` (a listing of a directory the walk has been in, made again:
+    /// subtlety 5): after the batch of its subdirectories still waiting, if there is one, which
+    /// the walk reaches first. (Served first, it had the walk's last directories fetched while
+    /// the next ones waited, and they expired unused.)
+    package mutating func enqueue(_ batch: [DirectoryEntry], afterSiblings: Bool) {
+        guard let first = batch.first else { return }
+        waiting += batch.count
+        let parent = ListingsAhead.parentKey(of: first.key).exact
+        if afterSiblings,
+            let siblings = batches.lastIndex(where: { b in
+                b.next < b.entries.count && ListingsAhead.parentKey(of: b.entries[b.next].key).exact == parent
+            })
+        {
+            batches.insert((batch, 0), at: siblings)
+        } else {
+            batches.append((batch, 0))
+        }
     }
 
     /// The next directory waiting, newest batch first.

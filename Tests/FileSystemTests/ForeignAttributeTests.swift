@@ -240,12 +240,12 @@ struct ForeignAttributeTests {
         for d in 0..<directories {
             for f in 0..<files { seedForeign(fake, String(format: "t/d%03d/f%03d", d, f)) }
         }
-        let calls = Locked<[(FaultInjectingStore.Call.Operation, String)]>([])
+        let clock = ManualClock()
+        let calls = Locked<[(FaultInjectingStore.Call.Operation, String, Double)]>([])
         let store = FaultInjectingStore(fake) { call in
-            calls.withLock { $0.append((call.operation, call.key)) }
+            calls.withLock { $0.append((call.operation, call.key, clock.now)) }
             return .none
         }
-        let clock = ManualClock()
         let fs = makeFilesystem(store, clock: clock)
         defer { fs.shutdown() }
         let t = try fs.lookup(parent: root, name: "t").inode
@@ -266,7 +266,8 @@ struct ForeignAttributeTests {
             Dictionary(grouping: recorded.filter { $0.0 == operation && isCounted($0.1) }, by: \.1).mapValues(\.count).max { $0.value < $1.value }
         }
         let listed = most(.list) { $0.hasPrefix("t/d") }
-        #expect(listed.map { $0.1 <= 3 } ?? false, "\(String(describing: listed))")
+        let when = recorded.filter { $0.0 == .list && $0.1 == listed?.0 }.map { String(format: "%.2f", $0.2) }
+        #expect(listed.map { $0.1 <= 3 } ?? false, "\(String(describing: listed)) at \(when)")
         let headed = most(.head) { $0.hasPrefix("t/d") && $0.hasSuffix("/") }
         #expect(headed.map { $0.1 <= 2 } ?? false, "\(String(describing: headed))")
         #expect(recorded.filter { $0.0 == .head && $0.1.contains("/f") }.count == directories * files)
