@@ -42,15 +42,18 @@ struct shared {
     unsigned char init_reply[512];
 };
 
-/// The node log (`cssp_node_log_*`): what the kernel's node numbers name, appended by the
-/// worker, read by its successor. Anonymous shared memory the supervisor maps before the first
-/// fork; pages are taken as they are written.
-struct node_log {
+/// The logs a worker keeps for its successor: what the kernel's node numbers name
+/// (`cssp_node_log_*`, the namespace room's) and the file handles it holds (`cssp_handle_log_*`,
+/// the files room's). Anonymous shared memory the supervisor maps before the first fork; pages
+/// are taken as they are written.
+struct shared_log {
     uint64_t used;
     unsigned char bytes[];
 };
 #define NODE_LOG_CAPACITY ((size_t)1 << 30)
-static struct node_log *node_log;
+#define HANDLE_LOG_CAPACITY ((size_t)1 << 28)
+static struct shared_log *node_log;
+static struct shared_log *handle_log;
 
 static unsigned char init_request[8192];
 static size_t init_request_size;
@@ -124,6 +127,15 @@ static int final_status(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+static struct shared_log *map_log(size_t capacity, const char *name, const char *what) {
+    struct shared_log *log = mmap(NULL, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (log == MAP_FAILED) {
+        say(LOG_WARNING, "no %s (%s): a worker that replaces a dead one knows none of its %s", name, strerror(errno), what);
+        return NULL;
+    }
+    return log;
+}
+
 int cssp_supervise(struct fuse_session *se, int use_syslog) {
     log_to_syslog = use_syslog;
     supervisor = getpid();
@@ -136,11 +148,8 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
         _exit(32);
     }
     memset(shared, 0, sizeof *shared);
-    node_log = mmap(NULL, NODE_LOG_CAPACITY, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (node_log == MAP_FAILED) {
-        say(LOG_WARNING, "no node log (%s): a worker that replaces a dead one knows none of its numbers", strerror(errno));
-        node_log = NULL;
-    }
+    node_log = map_log(NODE_LOG_CAPACITY, "node log", "numbers");
+    handle_log = map_log(HANDLE_LOG_CAPACITY, "handle log", "open files");
 
     ssize_t n;
     do {
@@ -349,25 +358,35 @@ int cssp_worker_start(struct fuse_session *se) {
     return 0;
 }
 
-int cssp_node_log_append(const void *record, size_t size) {
-    if (node_log == NULL) return -1;
-    uint64_t used = node_log->used;
-    if (sizeof *node_log + used + size > NODE_LOG_CAPACITY) return -1;
-    memcpy(node_log->bytes + used, record, size);
+static int log_append(struct shared_log *log, size_t capacity, const void *record, size_t size) {
+    if (log == NULL) return -1;
+    uint64_t used = log->used;
+    if (sizeof *log + used + size > capacity) return -1;
+    memcpy(log->bytes + used, record, size);
     // A worker killed in the middle leaves the record uncounted.
-    __atomic_store_n(&node_log->used, used + size, __ATOMIC_RELEASE);
+    __atomic_store_n(&log->used, used + size, __ATOMIC_RELEASE);
     return 0;
 }
 
-void cssp_node_log_restart(void) {
-    if (node_log != NULL) __atomic_store_n(&node_log->used, 0, __ATOMIC_RELEASE);
+static void log_restart(struct shared_log *log) {
+    if (log != NULL) __atomic_store_n(&log->used, 0, __ATOMIC_RELEASE);
 }
 
-size_t cssp_node_log_read(const unsigned char **bytes) {
-    if (node_log == NULL) return 0;
-    *bytes = node_log->bytes;
-    return __atomic_load_n(&node_log->used, __ATOMIC_ACQUIRE);
+static size_t log_read(struct shared_log *log, const unsigned char **bytes) {
+    if (log == NULL) return 0;
+    *bytes = log->bytes;
+    return __atomic_load_n(&log->used, __ATOMIC_ACQUIRE);
 }
+
+int cssp_node_log_append(const void *record, size_t size) { return log_append(node_log, NODE_LOG_CAPACITY, record, size); }
+void cssp_node_log_restart(void) { log_restart(node_log); }
+size_t cssp_node_log_read(const unsigned char **bytes) { return log_read(node_log, bytes); }
+
+int cssp_handle_log_append(const void *record, size_t size) {
+    return log_append(handle_log, HANDLE_LOG_CAPACITY, record, size);
+}
+void cssp_handle_log_restart(void) { log_restart(handle_log); }
+size_t cssp_handle_log_read(const unsigned char **bytes) { return log_read(handle_log, bytes); }
 
 uint64_t cssp_worker_incarnation(void) { return incarnation; }
 

@@ -28,3 +28,34 @@ public struct AdoptedNode: Sendable, Equatable {
         self.kind = kind
     }
 }
+
+/// Where the files room records the file handles the kernel holds (issue 40), for a worker that
+/// replaces this one. Written under the files room's lock only (one writer at a time).
+public protocol HandleLog: AnyObject, Sendable {
+    /// The kernel holds `handle`, a reader of the version `reader` names (the latest record of a
+    /// number wins). Returns false when the log is full: the caller writes it again whole
+    /// (`restart`, then `opened` for each handle).
+    func opened(_ handle: UInt64, reader: AdoptedReader) -> Bool
+    /// The kernel released `handle`, or it is not one a successor can take over.
+    func released(_ handle: UInt64)
+    /// Empties the log, to write it again whole.
+    func restart()
+}
+
+/// A handle open for reading when the previous worker died: which object version it reads.
+public struct AdoptedReader: Sendable, Equatable {
+    public var inode: InodeNumber
+    public var key: String
+    public var size: Int64
+    public var etag: String
+    /// A DLO's manifest (`container/prefix`), whose parts the reader reads.
+    public var manifest: String?
+
+    public init(inode: InodeNumber, key: String, size: Int64, etag: String, manifest: String?) {
+        self.inode = inode
+        self.key = key
+        self.size = size
+        self.etag = etag
+        self.manifest = manifest
+    }
+}

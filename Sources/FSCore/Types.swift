@@ -217,6 +217,10 @@ public struct FilesystemConfiguration: Sendable {
     public var nodeLog: (any NodeLog)? = nil
     /// The numbers a dead worker left the kernel holding, which this one takes over.
     public var adoptedNodes: [AdoptedNode] = []
+    /// Where the file handles the kernel holds are recorded for a successor; nil: nowhere.
+    public var handleLog: (any HandleLog)? = nil
+    /// The handles open for reading a dead worker left the kernel holding, by number.
+    public var adoptedReaders: [UInt64: AdoptedReader] = [:]
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).

@@ -128,6 +128,11 @@ package final class FileReader: Sendable {
         self.maximumWindow = Int64(maximumWindow)
     }
 
+    /// The version this reader reads, as a worker that replaces this one takes it over.
+    package func adopted(as inode: InodeNumber) -> AdoptedReader {
+        AdoptedReader(inode: inode, key: key, size: size, etag: etag, manifest: manifest)
+    }
+
     /// Reads up to `length` bytes at `offset` and hands them to `reply` (empty at or past EOF).
     package func read(offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(FSError) {
         try readVersion(offset: offset, length: length) { bytes in

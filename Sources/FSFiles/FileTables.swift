@@ -19,6 +19,9 @@ package struct FileTables {
     /// Uploads under way per inode, with a group left when the last ends (`commit`; an
     /// attribute POST waits for them, `postHoldingUploads`).
     package var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
+    /// What the handle log holds for each handle open for reading (issue 40): the version it
+    /// reads, as a successor takes it over. Kept only with a handle log.
+    package var recordedReaders: [UInt64: AdoptedReader] = [:]
 
     package init() {}
 }

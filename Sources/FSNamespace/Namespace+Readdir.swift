@@ -120,7 +120,9 @@ extension Namespace {
     }
 
     package func walk(_ inode: InodeNumber, handle: UInt64, offset: Int64, emit: (Item, Int64) -> Bool) throws(FSError) {
-        guard var open = names.withLock({ $0.directoryHandles[handle] }) else {
+        // A dead worker's handle (issue 40) is taken over with no reader: it lists the
+        // directory again from the offset asked for.
+        guard var open = names.withLock({ $0.directoryHandles.inherit(handle, OpenDirectory()) }) else {
             throw FSError(.badHandle, "unknown directory handle \(handle)")
         }
         let reader: DirectoryReader

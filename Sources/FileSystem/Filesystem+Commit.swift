@@ -298,7 +298,10 @@ extension Filesystem {
                     current.lastModified = Timestamp.now()
                     if snapshot.dataDirty { current.localVersion += 1 }
                 }
-                if let updated { namespace.updateListing(describing: updated, in: &s) }
+                if let updated {
+                    namespace.updateListing(describing: updated, in: &s)
+                    if snapshot.dataDirty { recordReaders(following: updated) }
+                }
                 return stillOwed
             }
             // Written meanwhile: the note describes the newer bytes over the version just stored.

@@ -48,8 +48,72 @@ extension Filesystem {
     func cacheName(_ key: String) -> String { configuration.cacheIdentity + "/" + key }
 
     private func register(_ handle: FileHandle) -> UInt64 {
-        files.withLock { s in
-            s.handles.open(handle)
+        files.withLock { f in
+            let number = f.handles.open(handle)
+            if case .remote(let reader, let inode, _) = handle { record(number, reader.adopted(as: inode), in: &f) }
+            return number
+        }
+    }
+
+    /// Handle `number` reads through `handle` from now on (another version, another key).
+    private func replace(_ number: UInt64, with handle: FileHandle) {
+        files.withLock { f in
+            f.handles.replace(number, with: handle)
+            if f.handles[number] != nil, case .remote(let reader, let inode, _) = handle {
+                record(number, reader.adopted(as: inode), in: &f)
+            }
+        }
+    }
+
+    /// Records handle `number` for a worker that replaces this one (issue 40): the version it
+    /// reads, before the reply that makes the number known. A spool's handle is not recorded: a
+    /// successor answers EBADF for it. Under the files lock (one writer at a time); a full log
+    /// is written again whole, from `FileTables.recordedReaders`.
+    private func record(_ number: UInt64, _ reader: AdoptedReader, in f: inout FileTables) {
+        guard let log = configuration.handleLog else { return }
+        f.recordedReaders[number] = reader
+        if log.opened(number, reader: reader) { return }
+        log.restart()
+        for (other, reader) in f.recordedReaders where !log.opened(other, reader: reader) {
+            logger.warning("the handle log is full: a worker that replaces this one will not know every open file")
+            return
+        }
+    }
+
+    /// The handles open for reading `node` read the version this mount just stored from now on
+    /// (every handle sees what was written through this mount, `read`): recorded so, for a
+    /// successor, which would otherwise take them for handles of an older version. So are those
+    /// attached to the spool just stored: once its writers are gone with their worker, the
+    /// stored version is the file's.
+    func recordReaders(following node: Node) {
+        guard configuration.handleLog != nil else { return }
+        let version = AdoptedReader(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest)
+        files.withLock { f in
+            for (number, handle) in f.handles.open {
+                switch handle {
+                case .remote(_, let inode, _) where inode == node.inode: record(number, version, in: &f)
+                case .spool(let open, writable: false) where open.inode == node.inode: record(number, version, in: &f)
+                default: continue
+                }
+            }
+        }
+    }
+
+    /// Takes over the handles open for reading a dead worker left the kernel holding
+    /// (`FilesystemConfiguration.adoptedReaders`), each reading the version it read. Their
+    /// kernel pages count as kept: a handle whose object changed since fails with ESTALE rather
+    /// than go on in another version.
+    /// (A file removed since it was opened has no node: its handle reads the version it read
+    /// while the block cache or the server has it, as it did.)
+    func adoptReaders() {
+        for (number, adopted) in configuration.adoptedReaders {
+            let localVersion = names.withLock { $0.inodes[adopted.inode]?.localVersion } ?? 0
+            let reader = makeReader(adopted, keptPages: true)
+            let handle = FileHandle.remote(reader, adopted.inode, localVersion: localVersion)
+            files.withLock { f in
+                f.handles.adopt(number, handle)
+                record(number, adopted, in: &f)
+            }
         }
     }
 
@@ -151,6 +215,13 @@ extension Filesystem {
     /// A reader of the object `node` describes (its key, size and ETag). `keptPages`: its handle
     /// was opened with the kernel's pages of the file kept (see `read(_:handle:...)`).
     private func makeReader(_ node: Node, keptPages: Bool = false) -> FileReader {
+        makeReader(
+            AdoptedReader(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest),
+            keptPages: keptPages)
+    }
+
+    /// A reader of the version `node` names.
+    private func makeReader(_ node: AdoptedReader, keptPages: Bool = false) -> FileReader {
         var kernel: (cache: KernelCache, store: @Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
         if kernelCache.isInstalled {
             let (inode, etag) = (node.inode, node.etag)
@@ -239,6 +310,8 @@ extension Filesystem {
         /// The handle's reader is for another version or key: one for the node as it is now.
         case newReader(Node)
         case removed(String)
+        /// A handle taken over from a dead worker on a node not described yet (issue 40).
+        case undescribed(InodeNumber)
     }
 
     public func read(handle number: UInt64, offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void)
@@ -253,6 +326,7 @@ extension Filesystem {
             case .spool(let open, _)?: return .spool(open)
             case .remote(let reader, let inode, let version)?:
                 if let spool = f.openFiles[inode] { return .othersSpool(spool) }
+                if s.inodes.undescribed.contains(inode) { return .undescribed(inode) }
                 guard let node = s.inodes[inode] else { return .reader(reader, inode, anotherVersionKnown: false) }
                 if node.localVersion != version || (node.linked && !node.key.isSameKey(as: reader.key)) {
                     return node.linked ? .newReader(node) : .removed(node.key)
@@ -276,11 +350,12 @@ extension Filesystem {
                 reader, handle: number, inode: inode, offset: offset, length: length, anotherVersionKnown: anotherVersionKnown,
                 reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
+        case .undescribed(let inode)?:
+            try describeIfAdopted(inode)
+            try read(handle: number, offset: offset, length: length, reply: reply)
         case .newReader(let node)?:
             let reader = makeReader(node)
-            files.withLock { s in
-                s.handles.replace(number, with: .remote(reader, node.inode, localVersion: node.localVersion))
-            }
+            replace(number, with: .remote(reader, node.inode, localVersion: node.localVersion))
             try read(reader, handle: number, inode: node.inode, offset: offset, length: length, reply: reply)
         }
     }
@@ -313,9 +388,7 @@ extension Filesystem {
             // is no longer the cached one).
             guard !reader.keptPages else { throw error }
             let newer = makeReader(adopted)
-            files.withLock { s in
-                s.handles.replace(number, with: .remote(newer, inode, localVersion: adopted.localVersion))
-            }
+            replace(number, with: .remote(newer, inode, localVersion: adopted.localVersion))
             // Its attributes go now if the file grew, so that a read past the old size asks for
             // the new one; if it shrank, they stay until the short answer has set the new size (a
             // changed attribute version would make the kernel fill the old size with zeros).
@@ -422,8 +495,12 @@ extension Filesystem {
     }
 
     public func release(handle number: UInt64) {
-        guard let handle = files.withLock({ $0.handles.close(number) }) else { return }
-        guard case .spool(let open, let writable) = handle else { return }
+        let handle: FileHandle? = files.withLock { f in
+            let handle = f.handles.close(number)
+            if f.recordedReaders.removeValue(forKey: number) != nil { configuration.handleLog?.released(number) }
+            return handle
+        }
+        guard case .spool(let open, let writable)? = handle else { return }
         detach(open, writable: writable)
     }
 

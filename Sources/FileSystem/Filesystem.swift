@@ -191,6 +191,7 @@ public final class Filesystem: Sendable, PollHost {
             Double(transfers.owed.count + recovered.count)
         }
         recovered.install { [weak self] item throws(ObjectStoreError) in try self?.storeRecovered(item) }
+        adoptReaders()
     }
 
     /// Whether a mount with `configuration` can take its spool directory, which `init` takes:

@@ -5,55 +5,161 @@ import FileSystem
 /// kernel's node numbers name (`NodeLog`), and the worker that replaces it after a death reads
 /// it back (`recorded`) and takes those numbers over.
 ///
-/// A record: kind of record (1 named, 2 unnamed), the node's kind, the name's length (2 bytes),
-/// the node and its parent (8 bytes each), the name; little-endian. The latest record of a
-/// number wins. Written under the namespace lock only (one writer at a time).
+/// A record (`LogRecord`): kind of record (1 named, 2 unnamed), the node's kind, the node and its
+/// parent, the name. The latest record of a number wins. Written under the namespace lock only
+/// (one writer at a time).
 public final class SupervisorNodeLog: NodeLog, @unchecked Sendable {
     public init() {}
 
     public func named(_ inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind) -> Bool {
-        append(1, kind: kind, inode: inode, parent: parent, name: name)
+        var record = LogRecord(type: 1)
+        record.byte(kind.code)
+        record.word(inode)
+        record.word(parent)
+        record.text(name)
+        return record.append(to: cssp_node_log_append)
     }
 
     public func unnamed(_ inode: InodeNumber) {
-        _ = append(2, kind: .file, inode: inode, parent: 0, name: "")
+        var record = LogRecord(type: 2)
+        record.byte(NodeKind.file.code)
+        record.word(inode)
+        record.word(0)
+        record.text("")
+        _ = record.append(to: cssp_node_log_append)
     }
 
     public func restart() { cssp_node_log_restart() }
 
-    private func append(_ type: UInt8, kind: NodeKind, inode: InodeNumber, parent: InodeNumber, name: String) -> Bool {
-        var record: [UInt8] = [type, kind.code]
-        let nameBytes = Array(name.utf8)
-        let length = UInt16(clamping: nameBytes.count)
-        record += [UInt8(length & 0xff), UInt8(length >> 8)]
-        for value in [inode, parent] {
-            for shift in stride(from: 0, to: 64, by: 8) { record.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
-        }
-        record += nameBytes.prefix(Int(length))
-        return record.withUnsafeBytes { cssp_node_log_append($0.baseAddress, $0.count) } == 0
-    }
-
     /// The numbers the log says the kernel holds, with what each names.
     public static func recorded() -> [AdoptedNode] {
-        var start: UnsafePointer<UInt8>? = nil
-        let count = cssp_node_log_read(&start)
-        guard let start, count > 0 else { return [] }
-        let bytes = UnsafeBufferPointer(start: start, count: count)
         var latest: [InodeNumber: AdoptedNode?] = [:]
-        var offset = 0
-        func word(_ at: Int) -> UInt64 {
-            (0..<8).reduce(UInt64(0)) { $0 | UInt64(bytes[at + $1]) << UInt64(8 * $1) }
-        }
-        while offset + 20 <= count {
-            let type = bytes[offset]
-            let length = Int(bytes[offset + 2]) | Int(bytes[offset + 3]) << 8
-            guard offset + 20 + length <= count, let kind = NodeKind(code: bytes[offset + 1]) else { break }
-            let inode = word(offset + 4)
-            let parent = word(offset + 12)
-            let name = String(decoding: bytes[(offset + 20)..<(offset + 20 + length)], as: UTF8.self)
+        LogRecord.read(cssp_node_log_read) { type, fields in
+            guard let kind = fields.byte().flatMap(NodeKind.init(code:)), let inode = fields.word(), let parent = fields.word(),
+                let name = fields.text()
+            else { return false }
             latest[inode] = type == 1 ? AdoptedNode(inode: inode, parent: parent, name: name, kind: kind) : .some(nil)
-            offset += 20 + length
+            return true
         }
         return latest.values.compactMap { $0 }
+    }
+}
+
+/// The handle log kept in the supervisor's shared memory (issue 40): the file handles open for
+/// reading that the kernel holds (`HandleLog`), which the worker that replaces a dead one takes
+/// over (`recorded`). A record: 1 (opened) with the handle, node, size, key, ETag and manifest
+/// (empty: none), or 2 (released) with the handle. Written under the files lock only.
+public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
+    public init() {}
+
+    public func opened(_ handle: UInt64, reader: AdoptedReader) -> Bool {
+        var record = LogRecord(type: 1)
+        record.word(handle)
+        record.word(reader.inode)
+        record.word(UInt64(bitPattern: reader.size))
+        record.text(reader.key)
+        record.text(reader.etag)
+        record.text(reader.manifest ?? "")
+        return record.append(to: cssp_handle_log_append)
+    }
+
+    public func released(_ handle: UInt64) {
+        var record = LogRecord(type: 2)
+        record.word(handle)
+        _ = record.append(to: cssp_handle_log_append)
+    }
+
+    public func restart() { cssp_handle_log_restart() }
+
+    /// The handles the log says the kernel holds, by number.
+    public static func recorded() -> [UInt64: AdoptedReader] {
+        var latest: [UInt64: AdoptedReader] = [:]
+        LogRecord.read(cssp_handle_log_read) { type, fields in
+            guard let handle = fields.word() else { return false }
+            if type == 2 {
+                latest[handle] = nil
+                return true
+            }
+            guard let inode = fields.word(), let size = fields.word(), let key = fields.text(), let etag = fields.text(),
+                let manifest = fields.text()
+            else { return false }
+            latest[handle] = AdoptedReader(
+                inode: inode, key: key, size: Int64(bitPattern: size), etag: etag, manifest: manifest.isEmpty ? nil : manifest)
+            return true
+        }
+        return latest
+    }
+}
+
+/// One record of a shared log: its length (4 bytes), its type (1 byte), then fields: bytes,
+/// words (8 bytes) and texts (length in 2 bytes, then UTF-8); little-endian.
+struct LogRecord {
+    private var bytes: [UInt8] = [0, 0, 0, 0]
+
+    init(type: UInt8) { bytes.append(type) }
+
+    mutating func byte(_ value: UInt8) { bytes.append(value) }
+
+    mutating func word(_ value: UInt64) {
+        for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+    }
+
+    mutating func text(_ value: String) {
+        let utf8 = Array(value.utf8.prefix(Int(UInt16.max)))
+        bytes += [UInt8(utf8.count & 0xff), UInt8(utf8.count >> 8)]
+        bytes += utf8
+    }
+
+    /// Appends the record with `append` (a `cssp_*_log_append`): whether there was room.
+    mutating func append(to append: (UnsafeRawPointer?, Int) -> Int32) -> Bool {
+        let count = UInt32(bytes.count)
+        for i in 0..<4 { bytes[i] = UInt8(truncatingIfNeeded: count >> UInt32(8 * i)) }
+        return bytes.withUnsafeBytes { append($0.baseAddress, $0.count) } == 0
+    }
+
+    /// The fields of one record, read in the order they were written (nil past its end).
+    struct Fields {
+        let bytes: UnsafeBufferPointer<UInt8>
+        var offset: Int
+        let end: Int
+
+        mutating func byte() -> UInt8? {
+            guard offset < end else { return nil }
+            defer { offset += 1 }
+            return bytes[offset]
+        }
+
+        mutating func word() -> UInt64? {
+            guard offset + 8 <= end else { return nil }
+            defer { offset += 8 }
+            return (0..<8).reduce(UInt64(0)) { $0 | UInt64(bytes[offset + $1]) << UInt64(8 * $1) }
+        }
+
+        mutating func text() -> String? {
+            guard offset + 2 <= end else { return nil }
+            let length = Int(bytes[offset]) | Int(bytes[offset + 1]) << 8
+            guard offset + 2 + length <= end else { return nil }
+            defer { offset += 2 + length }
+            return String(decoding: bytes[(offset + 2)..<(offset + 2 + length)], as: UTF8.self)
+        }
+    }
+
+    /// Hands each record of the log `read` (a `cssp_*_log_read`) to `body` with its type, oldest
+    /// first, until `body` returns false (a record it cannot read) or the log ends.
+    static func read(
+        _ read: (UnsafeMutablePointer<UnsafePointer<UInt8>?>?) -> Int, _ body: (UInt8, inout Fields) -> Bool
+    ) {
+        var start: UnsafePointer<UInt8>? = nil
+        let count = read(&start)
+        guard let start, count > 0 else { return }
+        let bytes = UnsafeBufferPointer(start: start, count: count)
+        var offset = 0
+        while offset + 5 <= count {
+            let length = (0..<4).reduce(0) { $0 | Int(bytes[offset + $1]) << (8 * $1) }
+            guard length >= 5, offset + length <= count else { return }
+            var fields = Fields(bytes: bytes, offset: offset + 5, end: offset + length)
+            guard body(bytes[offset + 4], &fields) else { return }
+            offset += length
+        }
     }
 }

@@ -352,9 +352,12 @@ enum MountCommand {
         // The numbers the kernel holds are logged for a successor; a successor takes over those
         // its dead predecessor logged.
         fsConfiguration.nodeLog = SupervisorNodeLog()
+        fsConfiguration.handleLog = SupervisorHandleLog()
         if incarnation > 0 {
             fsConfiguration.adoptedNodes = SupervisorNodeLog.recorded()
-            logger.notice("worker \(getpid()) takes over \(fsConfiguration.adoptedNodes.count) node numbers the kernel holds")
+            fsConfiguration.adoptedReaders = SupervisorHandleLog.recorded()
+            logger.notice(
+                "worker \(getpid()) takes over \(fsConfiguration.adoptedNodes.count) node numbers and \(fsConfiguration.adoptedReaders.count) files open for reading that the kernel holds")
         }
         let filesystem: Filesystem
         do {

@@ -10,7 +10,8 @@ import Glibc
 /// serves nothing; a worker it forks serves. A worker killed with -9 is replaced, the kernel
 /// sends the requests it had read again, and programs that work by path see no ENOTCONN. A
 /// worker that keeps dying makes the mount answer EIO, never hang. The node numbers the kernel
-/// holds survive (the node log); open file and directory handles do not yet (EBADF).
+/// holds survive (the node log), and so do handles open for reading and directory streams (the
+/// handle log); a handle open for writing does not yet (EBADF).
 @Suite(.serialized)
 struct RestartTests {
     struct Scene {
@@ -97,6 +98,59 @@ struct RestartTests {
             _ = try store.get(key: "new\(round)", range: nil) { bytes += $0 }
             #expect(bytes == Array("made after kill \(round)\n".utf8))
         }
+    }
+
+    /// What the kernel holds open survives the worker (step 2): a descriptor open for reading
+    /// goes on where it was, a directory stream read partly goes on with the names it had not
+    /// shown (each once), through three kills.
+    @Test func aDescriptorHeldForReadingAndADirectoryStreamGoOnAcrossKills() throws {
+        let scene = try Scene()
+        defer { try? FileManager.default.removeItem(atPath: scene.cache) }
+        let mount = scene.mount
+        let bytes = Self.files[1].1
+        try Self.write(bytes, to: mount.path("d/b"))
+        // Names long enough that the stream needs several getdents calls (32 KiB each in glibc).
+        let store = scene.environment.store(container: scene.container)
+        let names = (0..<400).map { String(format: "%03d-", $0) + String(repeating: "n", count: 200) }
+        DispatchQueue.concurrentPerform(iterations: 8) { lane in
+            for name in names.enumerated().filter({ $0.offset % 8 == lane }).map(\.element) {
+                _ = try? store.put(key: "many/" + name, body: .bytes([]), contentType: "text/plain", metadata: [:], onlyIfAbsent: false)
+            }
+        }
+        let fd = open(mount.path("d/b"), O_RDONLY)
+        #expect(fd >= 0)
+        guard let stream = opendir(mount.path("many")) else {
+            Issue.record("opendir: errno \(errno)")
+            close(fd)
+            return
+        }
+        var seen: [String] = []
+        func readNames(_ count: Int) {
+            while seen.count < count, let entry = readdir(stream) {
+                let name = withUnsafePointer(to: entry.pointee.d_name) { String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self)) }
+                if name != "." && name != ".." { seen.append(name) }
+            }
+        }
+        var read: [UInt8] = []
+        func readBytes(_ count: Int) {
+            var buffer = [UInt8](repeating: 0, count: count)
+            let n = pread(fd, &buffer, count, off_t(read.count))
+            #expect(n == count, "pread at \(read.count): \(n), errno \(errno)")
+            if n > 0 { read += buffer[0..<n] }
+        }
+        readNames(10)
+        readBytes(100_000)
+        for round in 1...3 {
+            try mount.killWorker()
+            readNames(10 + 130 * round)
+            if round < 3 { readBytes(100_000) }
+        }
+        readBytes(bytes.count - read.count)
+        readNames(names.count + 1)
+        #expect(read == bytes)
+        #expect(seen == names, "\(seen.count) names, \(Set(seen).count) of them different")
+        #expect(close(fd) == 0 && closedir(stream) == 0)
+        #expect(try mount.unmount() == 0)
     }
 
     /// A workload by path (open, read, close; stat; readdir; create) runs in a thread while the

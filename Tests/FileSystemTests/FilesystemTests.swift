@@ -114,6 +114,84 @@ struct FilesystemTests {
         #expect(try next.lookup(parent: d.inode, name: "fresh").inode >= 1 << 40)
     }
 
+    /// A handle log in memory (issue 40), as the supervisor's shared one keeps it.
+    final class MemoryHandleLog: HandleLog, @unchecked Sendable {
+        let records = Locked<[UInt64: AdoptedReader]>([:])
+        func opened(_ handle: UInt64, reader: AdoptedReader) -> Bool {
+            records.withLock { $0[handle] = reader }
+            return true
+        }
+        func released(_ handle: UInt64) { _ = records.withLock { $0.removeValue(forKey: handle) } }
+        func restart() { records.withLock { $0 = [:] } }
+        var recorded: [UInt64: AdoptedReader] { records.withLock { $0 } }
+    }
+
+    /// Handles the kernel holds survive their worker (issue 40): a file open for reading goes on
+    /// reading the version it opened, also after a rename, and one whose object another client
+    /// replaced since fails with ESTALE rather than go on in the new version; a directory
+    /// stream goes on from its offset; a released handle, or a number of this worker's range it
+    /// never gave, is EBADF.
+    @Test func aSuccessorTakesOverTheHandlesTheKernelHolds() throws {
+        let store = FakeObjectStore()
+        let bytes = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        store.seed("d/f", bytes)
+        store.seed("d/g", text: "the old version")
+        for i in 0..<5 { store.seed("e/n\(i)", text: "\(i)") }
+        let (nodes, handles) = (MemoryNodeLog(), MemoryHandleLog())
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
+        configuration.nodeLog = nodes
+        configuration.handleLog = handles
+        let first = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        let d = try first.lookup(parent: Filesystem.rootInode, name: "d")
+        let f = try first.lookup(parent: d.inode, name: "f")
+        let g = try first.lookup(parent: d.inode, name: "g")
+        let reading = try first.open(f.inode, writable: false, truncate: false).handle
+        let replaced = try first.open(g.inode, writable: false, truncate: false).handle
+        let released = try first.open(g.inode, writable: false, truncate: false).handle
+        first.release(handle: released)
+        var head: [UInt8] = []
+        try first.read(handle: reading, offset: 0, length: 100_000) { head += $0 }
+        let e = try first.lookup(parent: Filesystem.rootInode, name: "e")
+        let stream = try first.opendir(e.inode)
+        var names: [String] = []
+        var next: Int64 = 0
+        try first.readdir(e.inode, handle: stream, offset: 0) { name, _, _, offset in
+            guard names.count < 4 else { return false }
+            names.append(name)
+            next = offset
+            return true
+        }
+        try first.rename(parent: d.inode, name: "f", newParent: Filesystem.rootInode, newName: "moved", noReplace: false)
+        first.shutdown()
+        store.seed("d/g", text: "another client's version")
+        // The worker died: its successor starts from the logs.
+        configuration.adoptedNodes = nodes.recorded
+        configuration.adoptedReaders = handles.recorded
+        let successor = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { successor.shutdown() }
+        successor.numberFrom(1 << 40)
+        var tail: [UInt8] = []
+        try successor.read(handle: reading, offset: 100_000, length: 300_000) { tail += $0 }
+        #expect(head + tail == bytes)
+        let stale = #expect(throws: FSError.self) { try successor.read(handle: replaced, offset: 0, length: 100) { _ in } }
+        #expect(stale?.code == .stale)
+        for number: UInt64 in [released, 1 << 40 | 7] {
+            let unknown = #expect(throws: FSError.self) { try successor.read(handle: number, offset: 0, length: 100) { _ in } }
+            #expect(unknown?.code == .badHandle)
+        }
+        try successor.readdir(e.inode, handle: stream, offset: next) { name, _, _, _ in
+            names.append(name)
+            return true
+        }
+        #expect(names == [".", "..", "n0", "n1", "n2", "n3", "n4"])
+        successor.releasedir(handle: stream)
+        let unknown = #expect(throws: FSError.self) {
+            try successor.readdir(e.inode, handle: 1 << 40 | 9, offset: 3) { _, _, _, _ in true }
+        }
+        #expect(unknown?.code == .badHandle)
+    }
+
     /// rm of an empty file this mount just stored (or HEADed) is one DELETE, not a HEAD first
     /// (issue 20 part 2: no two requests in series where one does); one whose metadata is
     /// older is HEADed first (it may be a DLO manifest since).

@@ -41,6 +41,11 @@ int cssp_node_log_append(const void *record, size_t size);
 void cssp_node_log_restart(void);
 size_t cssp_node_log_read(const unsigned char **bytes);
 
+/// The handle log: the file handles the kernel holds, in the same way (the files room's).
+int cssp_handle_log_append(const void *record, size_t size);
+void cssp_handle_log_restart(void);
+size_t cssp_handle_log_read(const unsigned char **bytes);
+
 /// Requests sent again at the kernel's RESEND are marked by this bit of their unique id.
 #define CSSP_FUSE_UNIQUE_RESEND (1ULL << 63)
 #endif
