@@ -50,6 +50,8 @@ public struct AdoptedReader: Sendable, Equatable {
     public var etag: String
     /// A DLO's manifest (`container/prefix`), whose parts the reader reads.
     public var manifest: String?
+    /// An empty ETag: the handle read bytes only a spool held, which a successor cannot serve.
+    public var isLost: Bool { etag.isEmpty }
 
     public init(inode: InodeNumber, key: String, size: Int64, etag: String, manifest: String?) {
         self.inode = inode

@@ -7,6 +7,10 @@ package enum FileHandle {
     case remote(FileReader, InodeNumber, localVersion: UInt64)
     /// A handle on the spool of a file open for writing (or not yet stored).
     case spool(SpoolFile, writable: Bool)
+    /// A handle open for reading, taken over from a dead worker (issue 40), whose bytes were
+    /// only in that worker's spool (a file written and not stored, or removed): reads fail with
+    /// ESTALE; flush and release succeed.
+    case lost(InodeNumber, key: String)
 }
 
 /// The files room's tables: open file handles, the spools by inode and the uploads under way.

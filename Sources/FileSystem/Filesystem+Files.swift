@@ -66,8 +66,9 @@ extension Filesystem {
     }
 
     /// Records handle `number` for a worker that replaces this one (issue 40): the version it
-    /// reads, before the reply that makes the number known. A spool's handle is not recorded: a
-    /// successor answers EBADF for it. Under the files lock (one writer at a time); a full log
+    /// reads, before the reply that makes the number known. A read-only handle on a spool is
+    /// recorded while the spool's bytes are a stored version (`recordReaders`); a writer's never:
+    /// a successor answers EBADF for it. Under the files lock (one writer at a time); a full log
     /// is written again whole, from `FileTables.recordedReaders`.
     private func record(_ number: UInt64, _ reader: AdoptedReader, in f: inout FileTables) {
         guard let log = configuration.handleLog else { return }
@@ -86,13 +87,38 @@ extension Filesystem {
     /// attached to the spool just stored: once its writers are gone with their worker, the
     /// stored version is the file's.
     func recordReaders(following node: Node) {
+        recordReaders(following: AdoptedReader(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest))
+    }
+
+    /// A read-only handle on spool `open`: recorded as a reader of the stored version the spool's
+    /// bytes are, if they are one; else as a handle a successor cannot serve (`FileHandle.lost`)
+    /// until they are stored (`recordReaders(following:)`).
+    private func recordSpoolReader(_ number: UInt64, _ open: SpoolFile, key: String) {
         guard configuration.handleLog != nil else { return }
-        let version = AdoptedReader(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest)
+        files.withLock { f in
+            if f.handles[number] != nil {
+                record(number, AdoptedReader(inode: open.inode, key: key, size: 0, etag: "", manifest: nil), in: &f)
+            }
+        }
+        recordReaders(ofUnchanged: open)
+    }
+
+    /// The read-only handles on `open`, when its bytes are the stored version it was made from
+    /// (no writer changed them): recorded as readers of that version.
+    func recordReaders(ofUnchanged open: SpoolFile) {
+        guard configuration.handleLog != nil else { return }
+        let (dirty, base) = open.state.withLock { ($0.isDirty, $0.baseETag) }
+        guard !dirty, !base.isEmpty, let node = names.withLock({ $0.inodes[open.inode] }), node.manifest == nil else { return }
+        recordReaders(following: AdoptedReader(inode: open.inode, key: node.key, size: open.size, etag: base, manifest: nil))
+    }
+
+    private func recordReaders(following version: AdoptedReader) {
+        guard configuration.handleLog != nil else { return }
         files.withLock { f in
             for (number, handle) in f.handles.open {
                 switch handle {
-                case .remote(_, let inode, _) where inode == node.inode: record(number, version, in: &f)
-                case .spool(let open, writable: false) where open.inode == node.inode: record(number, version, in: &f)
+                case .remote(_, let inode, _) where inode == version.inode: record(number, version, in: &f)
+                case .spool(let open, writable: false) where open.inode == version.inode: record(number, version, in: &f)
                 default: continue
                 }
             }
@@ -108,8 +134,10 @@ extension Filesystem {
     func adoptReaders() {
         for (number, adopted) in configuration.adoptedReaders {
             let localVersion = names.withLock { $0.inodes[adopted.inode]?.localVersion } ?? 0
-            let reader = makeReader(adopted, keptPages: true)
-            let handle = FileHandle.remote(reader, adopted.inode, localVersion: localVersion)
+            let handle =
+                adopted.isLost
+                ? FileHandle.lost(adopted.inode, key: adopted.key)
+                : .remote(makeReader(adopted, keptPages: true), adopted.inode, localVersion: localVersion)
             files.withLock { f in
                 f.handles.adopt(number, handle)
                 record(number, adopted, in: &f)
@@ -131,7 +159,9 @@ extension Filesystem {
 
         if let open = attach(inode, writable: writable) {
             if truncate { try truncateAttached(open, writable: writable) }
-            return OpenResult(handle: register(.spool(open, writable: writable)), keepCache: true)
+            let handle = register(.spool(open, writable: writable))
+            if !writable { recordSpoolReader(handle, open, key: node.key) }
+            return OpenResult(handle: handle, keepCache: true)
         }
         // Close-to-open: a file opened after its writer closed it shows the new content.
         // (Not a node no name leads to, opened again through /proc/PID/fd: its old key may
@@ -197,8 +227,9 @@ extension Filesystem {
         // The download found another version than the node knew: the kernel's size is the old
         // one's, and would cut the spool's reads short.
         if attached === open && !truncate && base != node.etag { kernelCache.invalidate(inode, pages: false) }
-        return OpenResult(
-            handle: register(.spool(attached, writable: writable)), keepCache: !truncate && (attached !== open || pagesOfThisVersion))
+        let handle = register(.spool(attached, writable: writable))
+        if !writable { recordSpoolReader(handle, attached, key: node.key) }
+        return OpenResult(handle: handle, keepCache: !truncate && (attached !== open || pagesOfThisVersion))
     }
 
     /// O_TRUNC on a spool this handle was just counted on: a failure gives the count back.
@@ -312,6 +343,7 @@ extension Filesystem {
         case removed(String)
         /// A handle taken over from a dead worker on a node not described yet (issue 40).
         case undescribed(InodeNumber)
+        case lost(String)
     }
 
     public func read(handle number: UInt64, offset: Int64, length: Int, reply: (UnsafeRawBufferPointer) -> Void)
@@ -324,6 +356,7 @@ extension Filesystem {
             switch f.handles[number] {
             case nil: return nil
             case .spool(let open, _)?: return .spool(open)
+            case .lost(_, let key)?: return .lost(key)
             case .remote(let reader, let inode, let version)?:
                 if let spool = f.openFiles[inode] { return .othersSpool(spool) }
                 if s.inodes.undescribed.contains(inode) { return .undescribed(inode) }
@@ -350,6 +383,8 @@ extension Filesystem {
                 reader, handle: number, inode: inode, offset: offset, length: length, anotherVersionKnown: anotherVersionKnown,
                 reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
+        case .lost(let key)?:
+            throw FSError(.stale, "read of '\(key)': its bytes were only in the spool of a worker that died")
         case .undescribed(let inode)?:
             try describeIfAdopted(inode)
             try read(handle: number, offset: offset, length: length, reply: reply)
@@ -489,7 +524,7 @@ extension Filesystem {
         case .spool(let open, let writable):
             if writable { try commit(open) }
             try storeOwedAttributes(open.inode)
-        case .remote(_, let inode, _):
+        case .remote(_, let inode, _), .lost(let inode, _):
             try storeOwedAttributes(inode)
         }
     }
@@ -502,6 +537,8 @@ extension Filesystem {
         }
         guard case .spool(let open, let writable)? = handle else { return }
         detach(open, writable: writable)
+        // A writer gone without changing the bytes: its readers read the version they were.
+        if writable { recordReaders(ofUnchanged: open) }
     }
 
     /// Drops one handle's hold on a spool; the last one stores what changed and retires it.

@@ -175,7 +175,8 @@ final class MountModelRun {
         HarnessError(
             "mount reference model diverged (seed \(seed), -o \(options.joined(separator: ",")), operation \(operations)): "
                 + "\(message)\nreplay: CSSP_E2E_MODEL_SEED=\(seed) scripts/test "
-                + "--filter ReferenceModelMountTests\nlast operations:\n  " + trace.suffix(60).joined(separator: "\n  ")
+                + "--filter ReferenceModelMountTests\nlast operations:\n  "
+                + trace.suffix(ProcessInfo.processInfo.environment["CSSP_E2E_MODEL_TRACE"] != nil ? trace.count : 60).joined(separator: "\n  ")
                 + "\ndaemon stderr:\n" + mount.stderrText.suffix(3000))
     }
 

@@ -163,6 +163,11 @@ struct FilesystemTests {
             return true
         }
         try first.rename(parent: d.inode, name: "f", newParent: Filesystem.rootInode, newName: "moved", noReplace: false)
+        // A reader of a file written and not stored: its bytes die with the worker's spool.
+        let w = try first.lookup(parent: d.inode, name: "g")
+        let writer = try first.open(w.inode, writable: true, truncate: true)
+        try Array("unstored".utf8).withUnsafeBytes { try first.write(handle: writer.handle, offset: 0, bytes: $0) }
+        let spoolReader = try first.open(w.inode, writable: false, truncate: false).handle
         first.shutdown()
         store.seed("d/g", text: "another client's version")
         // The worker died: its successor starts from the logs.
@@ -174,8 +179,12 @@ struct FilesystemTests {
         var tail: [UInt8] = []
         try successor.read(handle: reading, offset: 100_000, length: 300_000) { tail += $0 }
         #expect(head + tail == bytes)
-        let stale = #expect(throws: FSError.self) { try successor.read(handle: replaced, offset: 0, length: 100) { _ in } }
-        #expect(stale?.code == .stale)
+        for number in [replaced, spoolReader] {
+            let stale = #expect(throws: FSError.self) { try successor.read(handle: number, offset: 0, length: 100) { _ in } }
+            #expect(stale?.code == .stale)
+        }
+        try successor.flush(handle: spoolReader)
+        successor.release(handle: spoolReader)
         for number: UInt64 in [released, 1 << 40 | 7] {
             let unknown = #expect(throws: FSError.self) { try successor.read(handle: number, offset: 0, length: 100) { _ in } }
             #expect(unknown?.code == .badHandle)
