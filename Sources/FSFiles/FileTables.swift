@@ -26,6 +26,8 @@ package struct FileTables {
     /// What the handle log holds for each handle open for reading (issue 40): the version it
     /// reads, as a successor takes it over. Kept only with a handle log.
     package var recordedReaders: [UInt64: AdoptedReader] = [:]
+    /// Records appended to the handle log since it was last written whole.
+    package var handleLogRecords = 0
 
     package init() {}
 }

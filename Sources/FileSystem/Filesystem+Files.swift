@@ -73,8 +73,34 @@ extension Filesystem {
     private func record(_ number: UInt64, _ reader: AdoptedReader, in f: inout FileTables) {
         guard let log = configuration.handleLog else { return }
         f.recordedReaders[number] = reader
-        if log.opened(number, reader: reader) { return }
+        f.handleLogRecords += 1
+        if log.opened(number, reader: reader) {
+            compactHandleLog(in: &f)
+        } else {
+            rewriteHandleLog(log, in: &f)
+        }
+    }
+
+    /// Records that the kernel released handle `number`, if it was recorded (under the files lock).
+    private func recordRelease(_ number: UInt64, in f: inout FileTables) {
+        guard let log = configuration.handleLog, f.recordedReaders.removeValue(forKey: number) != nil else { return }
+        log.released(number)
+        f.handleLogRecords += 1
+        compactHandleLog(in: &f)
+    }
+
+    /// Writes the handle log again from what is open once it holds many times more records than
+    /// that: every open and release appends, and a successor reads the whole log (`cat` of small
+    /// files in a loop had it at 100 MiB of shared memory, read at each takeover).
+    private func compactHandleLog(in f: inout FileTables) {
+        guard let log = configuration.handleLog, f.handleLogRecords > 4_096 && f.handleLogRecords > 8 * f.recordedReaders.count
+        else { return }
+        rewriteHandleLog(log, in: &f)
+    }
+
+    private func rewriteHandleLog(_ log: any HandleLog, in f: inout FileTables) {
         log.restart()
+        f.handleLogRecords = f.recordedReaders.count
         for (other, reader) in f.recordedReaders where !log.opened(other, reader: reader) {
             logger.warning("the handle log is full: a worker that replaces this one will not know every open file")
             return
@@ -532,7 +558,7 @@ extension Filesystem {
     public func release(handle number: UInt64) {
         let handle: FileHandle? = files.withLock { f in
             let handle = f.handles.close(number)
-            if f.recordedReaders.removeValue(forKey: number) != nil { configuration.handleLog?.released(number) }
+            recordRelease(number, in: &f)
             return handle
         }
         guard case .spool(let open, let writable)? = handle else { return }

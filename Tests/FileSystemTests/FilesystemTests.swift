@@ -117,12 +117,21 @@ struct FilesystemTests {
     /// A handle log in memory (issue 40), as the supervisor's shared one keeps it.
     final class MemoryHandleLog: HandleLog, @unchecked Sendable {
         let records = Locked<[UInt64: AdoptedReader]>([:])
+        /// Records appended since the last restart (what the shared log would hold).
+        let appended = Locked(0)
         func opened(_ handle: UInt64, reader: AdoptedReader) -> Bool {
             records.withLock { $0[handle] = reader }
+            appended.withLock { $0 += 1 }
             return true
         }
-        func released(_ handle: UInt64) { _ = records.withLock { $0.removeValue(forKey: handle) } }
-        func restart() { records.withLock { $0 = [:] } }
+        func released(_ handle: UInt64) {
+            _ = records.withLock { $0.removeValue(forKey: handle) }
+            appended.withLock { $0 += 1 }
+        }
+        func restart() {
+            records.withLock { $0 = [:] }
+            appended.withLock { $0 = 0 }
+        }
         var recorded: [UInt64: AdoptedReader] { records.withLock { $0 } }
     }
 
@@ -199,6 +208,29 @@ struct FilesystemTests {
             try successor.readdir(e.inode, handle: 1 << 40 | 9, offset: 3) { _, _, _, _ in true }
         }
         #expect(unknown?.code == .badHandle)
+    }
+
+    /// Every open and release of a reader appends to the handle log: it is written again from
+    /// what is open once it holds many times more than that, so that it stays small (a successor
+    /// reads all of it) and still names every handle open.
+    @Test func theHandleLogStaysNearTheHandlesOpen() throws {
+        let store = FakeObjectStore()
+        store.seed("f", text: "bytes")
+        let handles = MemoryHandleLog()
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
+        configuration.handleLog = handles
+        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { fs.shutdown() }
+        let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
+        let held = try fs.open(f.inode, writable: false, truncate: false).handle
+        var most = 0
+        for _ in 0..<20_000 {
+            fs.release(handle: try fs.open(f.inode, writable: false, truncate: false).handle)
+            most = max(most, handles.appended.withLock { $0 })
+        }
+        #expect(most <= 4_097)
+        #expect(Array(handles.recorded.keys) == [held])
     }
 
     /// rm of an empty file this mount just stored (or HEADed) is one DELETE, not a HEAD first
