@@ -31,6 +31,9 @@ public final class SupervisorNodeLog: NodeLog, @unchecked Sendable {
 
     public func restart() { cssp_node_log_restart() }
 
+    /// Whether the supervisor mapped the log (it says so in its log when it could not).
+    public static var isAvailable: Bool { LogRecord.isAvailable(cssp_node_log_append) }
+
     /// The numbers the log says the kernel holds, with what each names.
     public static func recorded() -> [AdoptedNode] {
         var latest: [InodeNumber: AdoptedNode?] = [:]
@@ -71,6 +74,9 @@ public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
 
     public func restart() { cssp_handle_log_restart() }
 
+    /// Whether the supervisor mapped the log (it says so in its log when it could not).
+    public static var isAvailable: Bool { LogRecord.isAvailable(cssp_handle_log_append) }
+
     /// The handles the log says the kernel holds, by number.
     public static func recorded() -> [UInt64: AdoptedReader] {
         var latest: [UInt64: AdoptedReader] = [:]
@@ -97,6 +103,12 @@ struct LogRecord {
     private var bytes: [UInt8] = [0, 0, 0, 0]
 
     init(type: UInt8) { bytes.append(type) }
+
+    /// Whether the log `append` writes to exists (appending nothing changes nothing).
+    static func isAvailable(_ append: (UnsafeRawPointer?, Int) -> Int32) -> Bool {
+        var none: UInt8 = 0
+        return append(&none, 0) == 0
+    }
 
     mutating func byte(_ value: UInt8) { bytes.append(value) }
 

@@ -351,8 +351,9 @@ enum MountCommand {
         }
         // The numbers the kernel holds are logged for a successor; a successor takes over those
         // its dead predecessor logged.
-        fsConfiguration.nodeLog = SupervisorNodeLog()
-        fsConfiguration.handleLog = SupervisorHandleLog()
+        // (A log the supervisor could not map is none: it said so.)
+        if SupervisorNodeLog.isAvailable { fsConfiguration.nodeLog = SupervisorNodeLog() }
+        if SupervisorHandleLog.isAvailable { fsConfiguration.handleLog = SupervisorHandleLog() }
         if incarnation > 0 {
             fsConfiguration.adoptedNodes = SupervisorNodeLog.recorded()
             fsConfiguration.adoptedReaders = SupervisorHandleLog.recorded()
