@@ -81,9 +81,7 @@ struct FilesystemTests {
         store.seed("d/gone", text: "x")
         store.seed("d/old", text: "renamed")
         let log = MemoryNodeLog()
-        var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
-        configuration.nodeLog = log
+        var configuration = loggingConfiguration(nodes: log)
         let first = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
         let d = try first.lookup(parent: Filesystem.rootInode, name: "d")
         let f = try first.lookup(parent: d.inode, name: "f")
@@ -135,6 +133,16 @@ struct FilesystemTests {
         var recorded: [UInt64: AdoptedReader] { records.withLock { $0 } }
     }
 
+    /// A configuration whose worker records what the kernel holds in `nodes` and `handles`
+    /// (issue 40), as the supervisor's shared logs keep it.
+    func loggingConfiguration(nodes: MemoryNodeLog? = nil, handles: MemoryHandleLog? = nil) -> FilesystemConfiguration {
+        var configuration = FilesystemConfiguration()
+        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
+        configuration.nodeLog = nodes
+        configuration.handleLog = handles
+        return configuration
+    }
+
     /// Handles the kernel holds survive their worker (issue 40): a file open for reading goes on
     /// reading the version it opened, also after a rename, and one whose object another client
     /// replaced since fails with ESTALE rather than go on in the new version; a directory
@@ -147,10 +155,7 @@ struct FilesystemTests {
         store.seed("d/g", text: "the old version")
         for i in 0..<5 { store.seed("e/n\(i)", text: "\(i)") }
         let (nodes, handles) = (MemoryNodeLog(), MemoryHandleLog())
-        var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
-        configuration.nodeLog = nodes
-        configuration.handleLog = handles
+        var configuration = loggingConfiguration(nodes: nodes, handles: handles)
         let first = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
         let d = try first.lookup(parent: Filesystem.rootInode, name: "d")
         let f = try first.lookup(parent: d.inode, name: "f")
@@ -217,10 +222,7 @@ struct FilesystemTests {
         let store = FakeObjectStore()
         store.seed("f", text: "bytes")
         let handles = MemoryHandleLog()
-        var configuration = FilesystemConfiguration()
-        configuration.spoolDirectory = TestScratch.directory + "cssp-unit-spool-" + UUID().uuidString
-        configuration.handleLog = handles
-        let fs = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        let fs = try Filesystem(store: store, configuration: loggingConfiguration(handles: handles), logger: Logger(label: "test"))
         defer { fs.shutdown() }
         let f = try fs.lookup(parent: Filesystem.rootInode, name: "f")
         let held = try fs.open(f.inode, writable: false, truncate: false).handle
