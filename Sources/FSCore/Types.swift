@@ -220,7 +220,7 @@ public struct FilesystemConfiguration: Sendable {
     /// Where the file handles the kernel holds are recorded for a successor; nil: nowhere.
     public var handleLog: (any HandleLog)? = nil
     /// The handles open for reading a dead worker left the kernel holding, by number.
-    public var adoptedReaders: [UInt64: AdoptedReader] = [:]
+    public var adoptedHandles: [UInt64: AdoptedHandle] = [:]
     /// Parts uploaded at once.
     public var uploadConcurrency: Int = 4
     /// Threads of the background pool (read-ahead, early parts, retries, background HEADs).

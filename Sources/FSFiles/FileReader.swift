@@ -129,8 +129,8 @@ package final class FileReader: Sendable {
     }
 
     /// The version this reader reads, as a worker that replaces this one takes it over.
-    package func adopted(as inode: InodeNumber) -> AdoptedReader {
-        AdoptedReader(inode: inode, key: key, size: size, etag: etag, manifest: manifest)
+    package func adopted(as inode: InodeNumber) -> AdoptedHandle {
+        AdoptedHandle(inode: inode, key: key, size: size, etag: etag, manifest: manifest)
     }
 
     /// Reads up to `length` bytes at `offset` and hands them to `reply` (empty at or past EOF).

@@ -7,10 +7,11 @@ package enum FileHandle {
     case remote(FileReader, InodeNumber, localVersion: UInt64)
     /// A handle on the spool of a file open for writing (or not yet stored).
     case spool(SpoolFile, writable: Bool)
-    /// A handle open for reading, taken over from a dead worker (issue 40), whose bytes were
-    /// only in that worker's spool (a file written and not stored, or removed): reads fail with
-    /// ESTALE; flush and release succeed.
-    case lost(InodeNumber, key: String)
+    /// A handle taken over from a dead worker (issue 40) whose bytes this worker cannot serve
+    /// (a reader recorded before handles on spools were, or a spool file someone removed):
+    /// reads and writes fail with ESTALE; a writer's flush with EIO (what it wrote is lost), a
+    /// reader's succeeds.
+    case lost(InodeNumber, key: String, writable: Bool)
 }
 
 /// The files room's tables: open file handles, the spools by inode and the uploads under way.
@@ -23,9 +24,9 @@ package struct FileTables {
     /// Uploads under way per inode, with a group left when the last ends (`commit`; an
     /// attribute POST waits for them, `postHoldingUploads`).
     package var uploading: [InodeNumber: (count: Int, done: DispatchGroup)] = [:]
-    /// What the handle log holds for each handle open for reading (issue 40): the version it
-    /// reads, as a successor takes it over. Kept only with a handle log.
-    package var recordedReaders: [UInt64: AdoptedReader] = [:]
+    /// What the handle log holds for each handle (issue 40), as a successor takes it over. Kept
+    /// only with a handle log.
+    package var recordedHandles: [UInt64: AdoptedHandle] = [:]
     /// Records appended to the handle log since it was last written whole.
     package var handleLogRecords = 0
 

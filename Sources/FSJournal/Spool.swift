@@ -30,8 +30,11 @@ package final class Spool: Sendable {
     /// The descriptors holding the locks of `directory` and of adopted directories (empty once
     /// released).
     private let lockDescriptors: Locked<[Int32]>
-    /// What earlier processes left in `directory` and the adopted directories (data path, note).
+    /// What earlier processes left in `directory` and the adopted directories (data path, note),
+    /// less the spools a successor keeps (`keeping`).
     package let leftovers: [(data: String, upload: PendingUpload?)]
+    /// Of the spools kept (`keeping`), those with a note: an upload of them is owed.
+    package let keptOwed: Set<String>
     /// The attribute notes earlier processes left (note path, what it says).
     package let attributeLeftovers: [(note: String, change: PendingUpload)]
     /// Directories of earlier processes this one adopted (their lock was free).
@@ -46,7 +49,12 @@ package final class Spool: Sendable {
     /// When another live mount of the same URL holds it, a private `directory.PID` is used instead,
     /// so neither mount ever touches the other's spool files.
     /// `journalFile`: a journal's file at a path (tests pass a double that loses unsynced writes).
-    package init(directory requested: String, journalFile: (String) -> any JournalFile = { DiskJournalFile(path: $0) }) throws(FSError) {
+    /// `keeping`: data files a dead worker's handles are still attached to, which the worker
+    /// that replaces it takes over (issue 40): not leftovers.
+    package init(
+        directory requested: String, journalFile: (String) -> any JournalFile = { DiskJournalFile(path: $0) },
+        keeping: Set<String> = []
+    ) throws(FSError) {
         var directory = requested
         guard Spool.makeDirectories(directory) else { throw Spool.unusable(directory) }
         var fd = Spool.lock(directory)
@@ -73,7 +81,8 @@ package final class Spool: Sendable {
             found += data
             attributes += notes
         }
-        leftovers = found
+        leftovers = found.filter { !keeping.contains($0.data) }
+        keptOwed = Set(found.filter { keeping.contains($0.data) && $0.upload != nil }.map(\.data))
         attributeLeftovers = attributes
         self.adopted = adopted
         lockDescriptors = Locked(locks)

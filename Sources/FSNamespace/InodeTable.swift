@@ -155,6 +155,22 @@ package struct InodeTable {
         }
     }
 
+    /// A number a dead worker left the kernel holding for a file no name leads to any more
+    /// (unlinked or replaced while open) whose spool a handle still holds (issue 40): a node of
+    /// no name, keyed `key`, which lives while its spool pins it or the kernel holds it. False
+    /// when the number names another node.
+    package mutating func adoptUnlinked(_ inode: InodeNumber, key: String) -> Bool {
+        guard inode != Self.root, nodes[inode] == nil else { return false }
+        let name = key.split(separator: "/").last.map(String.init) ?? key
+        var node = Node(inode: inode, parent: Self.root, name: name, kind: .file, key: key)
+        node.lookups = 1
+        node.linked = false
+        nodes[inode] = node
+        adopted.insert(inode)
+        nextInode = max(nextInode, inode + 1)
+        return true
+    }
+
     /// An adopted node an answer described.
     package mutating func markDescribed(_ inode: InodeNumber) { undescribed.remove(inode) }
 

@@ -301,6 +301,8 @@ extension Filesystem {
                 if let updated {
                     namespace.updateListing(describing: updated, in: &s)
                     if snapshot.dataDirty { recordReaders(following: updated) }
+                    // What an upload of the spool would store changed (its base, attributes).
+                    files.withLock { f in recordSpoolHandles(of: open, node: updated, in: &f) }
                 }
                 return stillOwed
             }

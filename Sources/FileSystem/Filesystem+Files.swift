@@ -65,112 +65,6 @@ extension Filesystem {
         }
     }
 
-    /// Records handle `number` for a worker that replaces this one (issue 40): the version it
-    /// reads, before the reply that makes the number known. A read-only handle on a spool is
-    /// recorded while the spool's bytes are a stored version (`recordReaders`); a writer's never:
-    /// a successor answers EBADF for it. Under the files lock (one writer at a time); a full log
-    /// is written again whole, from `FileTables.recordedReaders`.
-    private func record(_ number: UInt64, _ reader: AdoptedReader, in f: inout FileTables) {
-        guard let log = configuration.handleLog else { return }
-        f.recordedReaders[number] = reader
-        f.handleLogRecords += 1
-        if log.opened(number, reader: reader) {
-            compactHandleLog(in: &f)
-        } else {
-            rewriteHandleLog(log, in: &f)
-        }
-    }
-
-    /// Records that the kernel released handle `number`, if it was recorded (under the files lock).
-    private func recordRelease(_ number: UInt64, in f: inout FileTables) {
-        guard let log = configuration.handleLog, f.recordedReaders.removeValue(forKey: number) != nil else { return }
-        log.released(number)
-        f.handleLogRecords += 1
-        compactHandleLog(in: &f)
-    }
-
-    /// Writes the handle log again from what is open once it holds many times more records than
-    /// that: every open and release appends, and a successor reads the whole log (`cat` of small
-    /// files in a loop had it at 100 MiB of shared memory, read at each takeover).
-    private func compactHandleLog(in f: inout FileTables) {
-        guard let log = configuration.handleLog, f.handleLogRecords > 4_096 && f.handleLogRecords > 8 * f.recordedReaders.count
-        else { return }
-        rewriteHandleLog(log, in: &f)
-    }
-
-    private func rewriteHandleLog(_ log: any HandleLog, in f: inout FileTables) {
-        log.restart()
-        f.handleLogRecords = f.recordedReaders.count
-        for (other, reader) in f.recordedReaders where !log.opened(other, reader: reader) {
-            logger.warning("the handle log is full: a worker that replaces this one will not know every open file")
-            return
-        }
-    }
-
-    /// The handles open for reading `node` read the version this mount just stored from now on
-    /// (every handle sees what was written through this mount, `read`): recorded so, for a
-    /// successor, which would otherwise take them for handles of an older version. So are those
-    /// attached to the spool just stored: once its writers are gone with their worker, the
-    /// stored version is the file's.
-    func recordReaders(following node: Node) {
-        recordReaders(following: AdoptedReader(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest))
-    }
-
-    /// A read-only handle on spool `open`: recorded as a reader of the stored version the spool's
-    /// bytes are, if they are one; else as a handle a successor cannot serve (`FileHandle.lost`)
-    /// until they are stored (`recordReaders(following:)`).
-    private func recordSpoolReader(_ number: UInt64, _ open: SpoolFile, key: String) {
-        guard configuration.handleLog != nil else { return }
-        files.withLock { f in
-            if f.handles[number] != nil {
-                record(number, AdoptedReader(inode: open.inode, key: key, size: 0, etag: "", manifest: nil), in: &f)
-            }
-        }
-        recordReaders(ofUnchanged: open)
-    }
-
-    /// The read-only handles on `open`, when its bytes are the stored version it was made from
-    /// (no writer changed them): recorded as readers of that version.
-    func recordReaders(ofUnchanged open: SpoolFile) {
-        guard configuration.handleLog != nil else { return }
-        let (dirty, base) = open.state.withLock { ($0.isDirty, $0.baseETag) }
-        guard !dirty, !base.isEmpty, let node = names.withLock({ $0.inodes[open.inode] }), node.manifest == nil else { return }
-        recordReaders(following: AdoptedReader(inode: open.inode, key: node.key, size: open.size, etag: base, manifest: nil))
-    }
-
-    private func recordReaders(following version: AdoptedReader) {
-        guard configuration.handleLog != nil else { return }
-        files.withLock { f in
-            for (number, handle) in f.handles.open {
-                switch handle {
-                case .remote(_, let inode, _) where inode == version.inode: record(number, version, in: &f)
-                case .spool(let open, writable: false) where open.inode == version.inode: record(number, version, in: &f)
-                default: continue
-                }
-            }
-        }
-    }
-
-    /// Takes over the handles open for reading a dead worker left the kernel holding
-    /// (`FilesystemConfiguration.adoptedReaders`), each reading the version it read. Their
-    /// kernel pages count as kept: a handle whose object changed since fails with ESTALE rather
-    /// than go on in another version.
-    /// (A file removed since it was opened has no node: its handle reads the version it read
-    /// while the block cache or the server has it, as it did.)
-    func adoptReaders() {
-        for (number, adopted) in configuration.adoptedReaders {
-            let localVersion = names.withLock { $0.inodes[adopted.inode]?.localVersion } ?? 0
-            let handle =
-                adopted.isLost
-                ? FileHandle.lost(adopted.inode, key: adopted.key)
-                : .remote(makeReader(adopted, keptPages: true), adopted.inode, localVersion: localVersion)
-            files.withLock { f in
-                f.handles.adopt(number, handle)
-                record(number, adopted, in: &f)
-            }
-        }
-    }
-
     public func open(_ inode: InodeNumber, writable: Bool, truncate: Bool) throws(FSError) -> OpenResult {
         try describeIfAdopted(inode)
         var node = try namespace.node(inode)
@@ -186,7 +80,7 @@ extension Filesystem {
         if let open = attach(inode, writable: writable) {
             if truncate { try truncateAttached(open, writable: writable) }
             let handle = register(.spool(open, writable: writable))
-            if !writable { recordSpoolReader(handle, open, key: node.key) }
+            recordSpoolHandle(handle, open, writable: writable)
             return OpenResult(handle: handle, keepCache: true)
         }
         // Close-to-open: a file opened after its writer closed it shows the new content.
@@ -254,7 +148,7 @@ extension Filesystem {
         // one's, and would cut the spool's reads short.
         if attached === open && !truncate && base != node.etag { kernelCache.invalidate(inode, pages: false) }
         let handle = register(.spool(attached, writable: writable))
-        if !writable { recordSpoolReader(handle, attached, key: node.key) }
+        recordSpoolHandle(handle, attached, writable: writable)
         return OpenResult(handle: handle, keepCache: !truncate && (attached !== open || pagesOfThisVersion))
     }
 
@@ -273,12 +167,12 @@ extension Filesystem {
     /// was opened with the kernel's pages of the file kept (see `read(_:handle:...)`).
     private func makeReader(_ node: Node, keptPages: Bool = false) -> FileReader {
         makeReader(
-            AdoptedReader(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest),
+            AdoptedHandle(inode: node.inode, key: node.key, size: node.size, etag: node.etag, manifest: node.manifest),
             keptPages: keptPages)
     }
 
     /// A reader of the version `node` names.
-    private func makeReader(_ node: AdoptedReader, keptPages: Bool = false) -> FileReader {
+    func makeReader(_ node: AdoptedHandle, keptPages: Bool = false) -> FileReader {
         var kernel: (cache: KernelCache, store: @Sendable (Int64, UnsafeRawBufferPointer) -> Void)? = nil
         if kernelCache.isInstalled {
             let (inode, etag) = (node.inode, node.etag)
@@ -382,7 +276,7 @@ extension Filesystem {
             switch f.handles[number] {
             case nil: return nil
             case .spool(let open, _)?: return .spool(open)
-            case .lost(_, let key)?: return .lost(key)
+            case .lost(_, let key, _)?: return .lost(key)
             case .remote(let reader, let inode, let version)?:
                 if let spool = f.openFiles[inode] { return .othersSpool(spool) }
                 if s.inodes.undescribed.contains(inode) { return .undescribed(inode) }
@@ -410,7 +304,7 @@ extension Filesystem {
                 reply: reply)
         case .removed(let key)?: throw FSError(.stale, "read of '\(key)': the file was removed after it changed here")
         case .lost(let key)?:
-            throw FSError(.stale, "read of '\(key)': its bytes were only in the spool of a worker that died")
+            throw FSError(.stale, "read of '\(key)': its bytes were in a spool that is gone")
         case .undescribed(let inode)?:
             try describeIfAdopted(inode)
             try read(handle: number, offset: offset, length: length, reply: reply)
@@ -495,7 +389,11 @@ extension Filesystem {
     }
 
     public func write(handle number: UInt64, offset: Int64, bytes: UnsafeRawBufferPointer) throws(FSError) {
-        guard case .spool(let open, writable: true) = try handle(number) else {
+        let handle = try handle(number)
+        if case .lost(_, let key, writable: true) = handle {
+            throw FSError(.stale, "write of '\(key)': the spool of this descriptor is gone")
+        }
+        guard case .spool(let open, writable: true) = handle else {
             throw FSError(.invalidArgument, "write on a handle not open for writing")
         }
         try open.write(bytes, at: offset)
@@ -535,7 +433,11 @@ extension Filesystem {
 
     /// flush (each close of a descriptor) and fsync: store the file if it changed.
     public func flush(handle number: UInt64) throws(FSError) {
-        guard case .spool(let open, let writable) = try handle(number), writable else { return }
+        let handle = try handle(number)
+        if case .lost(_, let key, writable: true) = handle {
+            throw FSError(.ioError, "close of '\(key)': what was written through this descriptor is lost with its spool")
+        }
+        guard case .spool(let open, let writable) = handle, writable else { return }
         if configuration.writeBack {
             try queueUpload(open)
         } else {
@@ -550,21 +452,20 @@ extension Filesystem {
         case .spool(let open, let writable):
             if writable { try commit(open) }
             try storeOwedAttributes(open.inode)
-        case .remote(_, let inode, _), .lost(let inode, _):
+        case .lost(_, let key, writable: true):
+            throw FSError(.ioError, "fsync of '\(key)': what was written through this descriptor is lost with its spool")
+        case .remote(_, let inode, _), .lost(let inode, _, writable: false):
             try storeOwedAttributes(inode)
         }
     }
 
     public func release(handle number: UInt64) {
-        let handle: FileHandle? = files.withLock { f in
-            let handle = f.handles.close(number)
-            recordRelease(number, in: &f)
-            return handle
-        }
+        let handle: FileHandle? = files.withLock { f in f.handles.close(number) }
+        // Recorded once done (the upload a spool's last release makes): a release the worker
+        // died in is done again by its successor (`Filesystem+HandleLog` subtlety 3).
+        defer { files.withLock { f in recordRelease(number, in: &f) } }
         guard case .spool(let open, let writable)? = handle else { return }
         detach(open, writable: writable)
-        // A writer gone without changing the bytes: its readers read the version they were.
-        if writable { recordReaders(ofUnchanged: open) }
     }
 
     /// Drops one handle's hold on a spool; the last one stores what changed and retires it.
@@ -575,17 +476,21 @@ extension Filesystem {
         // the close and its release) is made durable by the next sync (WriteBack subtlety 5).
         case .journal: journal(open, sync: false)
         case .retire: retire(open)
-        case .upload:
-            do {
-                try commit(open)
-                retire(open)
-            } catch {
-                // The writer saw this error at close already; keep the bytes and keep trying.
-                logger.error(
-                    "\(error.message); the data stays in \(open.path) and is retried",
-                    metadata: logFields(error, operation: "release"))
-                afterFailure(open, open.state.withLock { $0.uploadFailed() }, error: error)
-            }
+        case .upload: storeUnwritten(open, operation: "release")
+        }
+    }
+
+    /// Stores changed bytes of `open` that no writer holds any more (the last close, a dead
+    /// worker's spool taken over), and retires the spool once idle. A failure keeps the bytes
+    /// and retries them (the writer, if any, saw the error at its close).
+    func storeUnwritten(_ open: SpoolFile, operation: String) {
+        do {
+            try commit(open)
+            retire(open)
+        } catch {
+            logger.error(
+                "\(error.message); the data stays in \(open.path) and is retried", metadata: logFields(error, operation: operation))
+            afterFailure(open, open.state.withLock { $0.uploadFailed() }, error: error)
         }
     }
 

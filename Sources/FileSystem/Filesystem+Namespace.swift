@@ -142,6 +142,7 @@ extension Filesystem {
             namespace.updateListing(parent, name: name, entry: node.listingEntry, in: &s)
             return (node, open, handle)
         }
+        recordSpoolHandle(result.2, result.1, writable: true)
         return (attributes(of: result.0), OpenResult(handle: result.2, keepCache: false))
     }
 

@@ -60,6 +60,8 @@ extension Filesystem {
                 } else if try !withSpool(of: inode, { open in open.markMetadataDirty() }) {
                     try persistAttributes(of: updated)
                 }
+                // The handles on its spool store the new attributes (a successor's upload too).
+                names.withLock { s in recordSpoolHandles(of: inode, in: &s) }
             }
         }
         return try getattr(inode)

@@ -128,7 +128,10 @@ public final class Filesystem: Sendable, PollHost {
         self.configuration = configuration
         self.logger = logger
         let makeFile = journalFile ?? { DiskJournalFile(path: $0) }
-        let spool = try Spool(directory: configuration.spoolDirectory, journalFile: makeFile)
+        // The spools a dead worker's handles hold are taken over (`adoptHandles`), not recovered.
+        let spool = try Spool(
+            directory: configuration.spoolDirectory, journalFile: makeFile,
+            keeping: Set(configuration.adoptedHandles.values.compactMap { $0.spool?.path }))
         self.spool = spool
         let sharedParts = SharedParts(directory: configuration.spoolDirectory)
         self.sharedParts = sharedParts
@@ -191,7 +194,7 @@ public final class Filesystem: Sendable, PollHost {
             Double(transfers.owed.count + recovered.count)
         }
         recovered.install { [weak self] item throws(ObjectStoreError) in try self?.storeRecovered(item) }
-        adoptReaders()
+        adoptHandles()
     }
 
     /// Whether a mount with `configuration` can take its spool directory, which `init` takes:

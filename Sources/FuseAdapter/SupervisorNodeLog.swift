@@ -48,21 +48,37 @@ public final class SupervisorNodeLog: NodeLog, @unchecked Sendable {
     }
 }
 
-/// The handle log kept in the supervisor's shared memory (issue 40): the file handles open for
-/// reading that the kernel holds (`HandleLog`), which the worker that replaces a dead one takes
-/// over (`recorded`). A record: 1 (opened) with the handle, node, size, key, ETag and manifest
-/// (empty: none), or 2 (released) with the handle. Written under the files lock only.
+/// The handle log kept in the supervisor's shared memory (issue 40): the file handles the
+/// kernel holds (`HandleLog`), which the worker that replaces a dead one takes over
+/// (`recorded`). A record: 1 (a reader of a stored version) with the handle, node, size, key,
+/// ETag and manifest (empty: none); 3 (a handle on a spool) with the same, then whether it
+/// writes, whether the spool was dirty, the spool's path, content type, the time recorded
+/// (seconds, nanoseconds) and the metadata headers (a count, then name and value each); or 2
+/// (released) with the handle. Written under the files lock only.
 public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
     public init() {}
 
-    public func opened(_ handle: UInt64, reader: AdoptedReader) -> Bool {
-        var record = LogRecord(type: 1)
+    public func opened(_ handle: UInt64, _ adopted: AdoptedHandle) -> Bool {
+        var record = LogRecord(type: adopted.spool == nil ? 1 : 3)
         record.word(handle)
-        record.word(reader.inode)
-        record.word(UInt64(bitPattern: reader.size))
-        record.text(reader.key)
-        record.text(reader.etag)
-        record.text(reader.manifest ?? "")
+        record.word(adopted.inode)
+        record.word(UInt64(bitPattern: adopted.size))
+        record.text(adopted.key)
+        record.text(adopted.etag)
+        record.text(adopted.manifest ?? "")
+        if let spool = adopted.spool {
+            record.byte(spool.writable ? 1 : 0)
+            record.byte(spool.dirty ? 1 : 0)
+            record.text(spool.path)
+            record.text(spool.contentType)
+            record.word(UInt64(bitPattern: spool.recordedAt.seconds))
+            record.word(UInt64(UInt32(bitPattern: spool.recordedAt.nanoseconds)))
+            record.word(UInt64(spool.metadata.count))
+            for (name, value) in spool.metadata.sorted(by: { $0.key < $1.key }) {
+                record.text(name)
+                record.text(value)
+            }
+        }
         return record.append(to: cssp_handle_log_append)
     }
 
@@ -78,8 +94,8 @@ public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
     public static var isAvailable: Bool { LogRecord.isAvailable(cssp_handle_log_append) }
 
     /// The handles the log says the kernel holds, by number.
-    public static func recorded() -> [UInt64: AdoptedReader] {
-        var latest: [UInt64: AdoptedReader] = [:]
+    public static func recorded() -> [UInt64: AdoptedHandle] {
+        var latest: [UInt64: AdoptedHandle] = [:]
         LogRecord.read(cssp_handle_log_read) { type, fields in
             guard let handle = fields.word() else { return false }
             if type == 2 {
@@ -89,8 +105,23 @@ public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
             guard let inode = fields.word(), let size = fields.word(), let key = fields.text(), let etag = fields.text(),
                 let manifest = fields.text()
             else { return false }
-            latest[handle] = AdoptedReader(
+            var adopted = AdoptedHandle(
                 inode: inode, key: key, size: Int64(bitPattern: size), etag: etag, manifest: manifest.isEmpty ? nil : manifest)
+            if type == 3 {
+                guard let writable = fields.byte(), let dirty = fields.byte(), let path = fields.text(),
+                    let contentType = fields.text(), let seconds = fields.word(), let nanoseconds = fields.word(),
+                    let count = fields.word()
+                else { return false }
+                var metadata: [String: String] = [:]
+                for _ in 0..<count {
+                    guard let name = fields.text(), let value = fields.text() else { return false }
+                    metadata[name] = value
+                }
+                adopted.spool = AdoptedSpool(
+                    path: path, writable: writable != 0, dirty: dirty != 0, contentType: contentType, metadata: metadata,
+                    recordedAt: Timestamp(seconds: Int64(bitPattern: seconds), nanoseconds: Int32(truncatingIfNeeded: nanoseconds)))
+            }
+            latest[handle] = adopted
             return true
         }
         return latest

@@ -356,9 +356,9 @@ enum MountCommand {
         if SupervisorHandleLog.isAvailable { fsConfiguration.handleLog = SupervisorHandleLog() }
         if incarnation > 0 {
             fsConfiguration.adoptedNodes = SupervisorNodeLog.recorded()
-            fsConfiguration.adoptedReaders = SupervisorHandleLog.recorded()
+            fsConfiguration.adoptedHandles = SupervisorHandleLog.recorded()
             logger.notice(
-                "worker \(getpid()) takes over \(fsConfiguration.adoptedNodes.count) node numbers and \(fsConfiguration.adoptedReaders.count) files open for reading that the kernel holds")
+                "worker \(getpid()) takes over \(fsConfiguration.adoptedNodes.count) node numbers and \(fsConfiguration.adoptedHandles.count) open files that the kernel holds")
         }
         let filesystem: Filesystem
         do {

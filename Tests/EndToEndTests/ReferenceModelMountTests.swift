@@ -588,21 +588,14 @@ final class MountModelRun {
         try checkEverything()
     }
 
-    /// Issue 40: the worker is killed (SIGKILL) between two operations, with nothing open; the
-    /// supervisor starts another, which serves the same mount. The tree shows as it was at once
-    /// (a worker's death is a daemon's death without the remount), and again once nothing is owed.
+    /// Issue 40: the worker is killed (SIGKILL) between two operations; the supervisor starts
+    /// another, which serves the same mount, and takes over every descriptor (for reading or
+    /// writing) and directory stream held. The tree shows as it was at once (a worker's death is
+    /// a daemon's death without the remount), and again once nothing is owed.
     func killWorker() throws {
         trace.append(
-            "close what is open for writing (with write-back: everything), kill -9 the worker, check at once (its successor serves, also the descriptors and streams held), wait until nothing is owed, check"
+            "kill -9 the worker, check at once (its successor serves, also the descriptors and streams held), wait until nothing is owed, check"
         )
-        // (A handle open for writing does not survive its worker yet: EBADF. Nor, with
-        // write-back, does one open for reading a file whose spool it read: all are closed then.)
-        let writeBack = options.contains("writeback")
-        if writeBack {
-            for kept in streams { closedir(kept.stream) }
-            streams = []
-        }
-        while let index = descriptors.lastIndex(where: { $0.writable || writeBack }) { try closeDescriptor(at: index) }
         try mount.killWorker()
         workerKills += 1
         trace.append("read through every descriptor, read every stream again")

@@ -114,11 +114,11 @@ struct FilesystemTests {
 
     /// A handle log in memory (issue 40), as the supervisor's shared one keeps it.
     final class MemoryHandleLog: HandleLog, @unchecked Sendable {
-        let records = Locked<[UInt64: AdoptedReader]>([:])
+        let records = Locked<[UInt64: AdoptedHandle]>([:])
         /// Records appended since the last restart (what the shared log would hold).
         let appended = Locked(0)
-        func opened(_ handle: UInt64, reader: AdoptedReader) -> Bool {
-            records.withLock { $0[handle] = reader }
+        func opened(_ handle: UInt64, _ record: AdoptedHandle) -> Bool {
+            records.withLock { $0[handle] = record }
             appended.withLock { $0 += 1 }
             return true
         }
@@ -130,7 +130,7 @@ struct FilesystemTests {
             records.withLock { $0 = [:] }
             appended.withLock { $0 = 0 }
         }
-        var recorded: [UInt64: AdoptedReader] { records.withLock { $0 } }
+        var recorded: [UInt64: AdoptedHandle] { records.withLock { $0 } }
     }
 
     /// A configuration whose worker records what the kernel holds in `nodes` and `handles`
@@ -153,6 +153,7 @@ struct FilesystemTests {
         let bytes = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 31) }
         store.seed("d/f", bytes)
         store.seed("d/g", text: "the old version")
+        store.seed("d/h", text: "the old version")
         for i in 0..<5 { store.seed("e/n\(i)", text: "\(i)") }
         let (nodes, handles) = (MemoryNodeLog(), MemoryHandleLog())
         var configuration = loggingConfiguration(nodes: nodes, handles: handles)
@@ -160,8 +161,9 @@ struct FilesystemTests {
         let d = try first.lookup(parent: Filesystem.rootInode, name: "d")
         let f = try first.lookup(parent: d.inode, name: "f")
         let g = try first.lookup(parent: d.inode, name: "g")
+        let h = try first.lookup(parent: d.inode, name: "h")
         let reading = try first.open(f.inode, writable: false, truncate: false).handle
-        let replaced = try first.open(g.inode, writable: false, truncate: false).handle
+        let replaced = try first.open(h.inode, writable: false, truncate: false).handle
         let released = try first.open(g.inode, writable: false, truncate: false).handle
         first.release(handle: released)
         var head: [UInt8] = []
@@ -177,26 +179,27 @@ struct FilesystemTests {
             return true
         }
         try first.rename(parent: d.inode, name: "f", newParent: Filesystem.rootInode, newName: "moved", noReplace: false)
-        // A reader of a file written and not stored: its bytes die with the worker's spool.
+        // A reader of a file written and not stored: it reads the spool the successor takes over.
         let w = try first.lookup(parent: d.inode, name: "g")
         let writer = try first.open(w.inode, writable: true, truncate: true)
         try Array("unstored".utf8).withUnsafeBytes { try first.write(handle: writer.handle, offset: 0, bytes: $0) }
         let spoolReader = try first.open(w.inode, writable: false, truncate: false).handle
         first.shutdown()
-        store.seed("d/g", text: "another client's version")
+        store.seed("d/h", text: "another client's version")
         // The worker died: its successor starts from the logs.
         configuration.adoptedNodes = nodes.recorded
-        configuration.adoptedReaders = handles.recorded
+        configuration.adoptedHandles = handles.recorded
         let successor = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
         defer { successor.shutdown() }
         successor.numberFrom(1 << 40)
         var tail: [UInt8] = []
         try successor.read(handle: reading, offset: 100_000, length: 300_000) { tail += $0 }
         #expect(head + tail == bytes)
-        for number in [replaced, spoolReader] {
-            let stale = #expect(throws: FSError.self) { try successor.read(handle: number, offset: 0, length: 100) { _ in } }
-            #expect(stale?.code == .stale)
-        }
+        let stale = #expect(throws: FSError.self) { try successor.read(handle: replaced, offset: 0, length: 100) { _ in } }
+        #expect(stale?.code == .stale)
+        var unstored: [UInt8] = []
+        try successor.read(handle: spoolReader, offset: 0, length: 100) { unstored += $0 }
+        #expect(String(decoding: unstored, as: UTF8.self) == "unstored")
         try successor.flush(handle: spoolReader)
         successor.release(handle: spoolReader)
         for number: UInt64 in [released, 1 << 40 | 7] {
@@ -213,6 +216,81 @@ struct FilesystemTests {
             try successor.readdir(e.inode, handle: 1 << 40 | 9, offset: 3) { _, _, _, _ in true }
         }
         #expect(unknown?.code == .badHandle)
+    }
+
+    /// Writers survive their worker too (issue 40): a successor attaches each handle to the
+    /// spool it wrote, whose bytes are on disk; writes go on where they stopped, readers of the
+    /// spool see them, the attributes set meanwhile and the name of a file never stored yet
+    /// stay, and the last close stores it all once. A removed file's spool and node serve its
+    /// handle and go with it. A handle whose spool file is gone fails: writes with ESTALE, its close with
+    /// EIO, since what it wrote is lost.
+    @Test func aSuccessorTakesOverWritersAndTheirSpools() throws {
+        let store = FakeObjectStore()
+        store.seed("d/log", text: "line 1\n")
+        store.seed("d/gone", text: "old")
+        let (nodes, handles) = (MemoryNodeLog(), MemoryHandleLog())
+        var configuration = loggingConfiguration(nodes: nodes, handles: handles)
+        let first = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        let d = try first.lookup(parent: Filesystem.rootInode, name: "d")
+        func write(_ fs: Filesystem, _ handle: UInt64, _ text: String, at offset: Int64) throws {
+            try Array(text.utf8).withUnsafeBytes { try fs.write(handle: handle, offset: offset, bytes: $0) }
+        }
+        let caller = Caller(uid: 1000, gid: 100)
+        let (created, fresh) = try first.create(parent: d.inode, name: "fresh", mode: 0o644, caller: caller)
+        try write(first, fresh.handle, "hello ", at: 0)
+        _ = try first.setattr(created.inode, AttributeChanges(mode: 0o600))
+        let reader = try first.open(created.inode, writable: false, truncate: false).handle
+        let log = try first.lookup(parent: d.inode, name: "log")
+        let appending = try first.open(log.inode, writable: true, truncate: false).handle
+        try write(first, appending, "line 2\n", at: 7)
+        let (scratch, temporary) = try first.create(parent: d.inode, name: "scratch", mode: 0o644, caller: caller)
+        try write(first, temporary.handle, "kept while open", at: 0)
+        try first.unlink(parent: d.inode, name: "scratch")
+        let gone = try first.lookup(parent: d.inode, name: "gone")
+        let orphan = try first.open(gone.inode, writable: true, truncate: true).handle
+        first.shutdown()
+        // Someone removed that spool file by hand.
+        let orphanSpool = try #require(handles.recorded[orphan]?.spool?.path)
+        #expect(unlink(orphanSpool) == 0)
+        configuration.adoptedNodes = nodes.recorded
+        configuration.adoptedHandles = handles.recorded
+        let successor = try Filesystem(store: store, configuration: configuration, logger: Logger(label: "test"))
+        defer { successor.shutdown() }
+        successor.numberFrom(1 << 40)
+        try write(successor, fresh.handle, "world", at: 6)
+        var seen: [UInt8] = []
+        try successor.read(handle: reader, offset: 0, length: 100) { seen += $0 }
+        #expect(String(decoding: seen, as: UTF8.self) == "hello world")
+        let attributes = try successor.getattr(created.inode)
+        #expect(attributes.size == 11 && attributes.permissions == 0o600)
+        #expect(try successor.lookup(parent: d.inode, name: "fresh").inode == created.inode)
+        #expect(store.object("d/fresh") == nil)
+        try successor.flush(handle: fresh.handle)
+        successor.release(handle: fresh.handle)
+        let stored = try #require(store.object("d/fresh"))
+        #expect(String(decoding: stored.bytes, as: UTF8.self) == "hello world" && stored.metadata["mode"] == "0600")
+        try write(successor, appending, "line 3\n", at: 14)
+        try successor.flush(handle: appending)
+        successor.release(handle: appending)
+        #expect(store.object("d/log").map { String(decoding: $0.bytes, as: UTF8.self) } == "line 1\nline 2\nline 3\n")
+        var own: [UInt8] = []
+        try successor.read(handle: temporary.handle, offset: 0, length: 100) { own += $0 }
+        #expect(String(decoding: own, as: UTF8.self) == "kept while open")
+        try successor.flush(handle: temporary.handle)
+        successor.release(handle: temporary.handle)
+        #expect(store.object("d/scratch") == nil)
+        // fstat of the removed file's descriptor: its node survives too.
+        #expect(try successor.getattr(scratch.inode).size == 15)
+        let lostWrite = #expect(throws: FSError.self) { try write(successor, orphan, "x", at: 0) }
+        #expect(lostWrite?.code == .stale)
+        let lostClose = #expect(throws: FSError.self) { try successor.flush(handle: orphan) }
+        #expect(lostClose?.code == .ioError)
+        successor.release(handle: orphan)
+        successor.release(handle: reader)
+        #expect(store.object("d/gone").map { String(decoding: $0.bytes, as: UTF8.self) } == "old")
+        // Nothing is left in the spool: every spool taken over was stored or let go.
+        let left = try FileManager.default.contentsOfDirectory(atPath: configuration.spoolDirectory).filter { $0.hasSuffix(".data") }
+        #expect(left.isEmpty)
     }
 
     /// Every open and release of a reader appends to the handle log: it is written again from
