@@ -292,18 +292,27 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
 }
 
 static uint64_t resent_requests;
+/// Whether the request this thread read last was sent again (libfuse serves a request on the
+/// thread that read it).
+static __thread int reading_resent;
 
 static ssize_t worker_read(int fd, void *buffer, size_t size, void *userdata) {
     (void)userdata;
     ssize_t n = read(fd, buffer, size);
+    reading_resent = 0;
     if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
         const struct fuse_in_header *in = buffer;
-        if (in->unique & CSSP_FUSE_UNIQUE_RESEND) __atomic_add_fetch(&resent_requests, 1, __ATOMIC_RELAXED);
+        if (in->unique & CSSP_FUSE_UNIQUE_RESEND) {
+            __atomic_add_fetch(&resent_requests, 1, __ATOMIC_RELAXED);
+            reading_resent = 1;
+        }
     }
     return n;
 }
 
 uint64_t cssp_resent_requests(void) { return __atomic_load_n(&resent_requests, __ATOMIC_RELAXED); }
+
+int cssp_request_is_resent(void) { return reading_resent; }
 
 static ssize_t worker_writev(int fd, struct iovec *iov, int count, void *userdata) {
     (void)userdata;

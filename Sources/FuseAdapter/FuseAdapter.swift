@@ -1,4 +1,5 @@
 import CFuse3
+import CSupervisor
 import FileSystem
 import Logging
 import Metrics
@@ -16,6 +17,10 @@ public struct FuseConfiguration: Sendable {
     public var maxThreads: Int = 16
     /// Log every operation (the `-d` flag).
     public var traceOperations = false
+    /// Fault point (tests of issue 40): the worker kills itself (SIGKILL) once an operation of
+    /// this name is done and before it is answered, so that the kernel sends it again to the
+    /// worker that replaces this one.
+    public var dieBeforeAnswering: String? = nil
 
     public init() {}
 }
@@ -89,6 +94,40 @@ public final class FuseAdapter: Sendable {
             pending.take()?.error(errno)
         }
         // A body that returned without answering leaves the token to answer EIO from its deinit.
+    }
+
+    // MARK: A request sent again
+
+    /// Whether the request being served is one the kernel sent again (FUSE_NOTIFY_RESEND): a
+    /// dead worker had read it, and may have done it before it died. Read at the start of the
+    /// callback, on its thread.
+    static var isResent: Bool { cssp_request_is_resent() != 0 }
+
+    /// The fault point `FuseConfiguration.dieBeforeAnswering`.
+    func faultPoint(_ operation: String) {
+        if configuration.dieBeforeAnswering == operation { kill(getpid(), SIGKILL) }
+    }
+
+    /// A resent request to make `name` in `parent` (mkdir, mknod, symlink, create) found it made:
+    /// the dead worker made it before it died if it is of the `kind` asked for, and the request
+    /// is answered with it, as the first answer would have been (docs/restart-design.md, "A
+    /// request delivered twice"). Else `error` stands.
+    func madeBefore(_ kind: NodeKind, _ operation: String, parent: InodeNumber, name: String, else error: FSError)
+        throws(FSError) -> Attributes
+    {
+        let found = try filesystem.lookup(parent: parent, name: name)
+        guard found.kind == kind else {
+            filesystem.forget(found.inode, count: 1)
+            throw error
+        }
+        doneBefore(operation, "\(parent)/\(name)")
+        return found
+    }
+
+    /// Counts and logs a resent request whose work its dead worker had done.
+    func doneBefore(_ operation: String, _ detail: String) {
+        metrics.resentDone.add()
+        logger.notice("\(operation) \(detail), sent again after its worker died, was done by that worker: answered as done")
     }
 
     // MARK: Names
@@ -232,6 +271,7 @@ public final class FuseAdapter: Sendable {
     func write(_ reply: consuming Reply, handle: UInt64, offset: Int64, bytes: UnsafeRawBufferPointer) {
         serve("write", "fh=\(handle) off=\(offset) size=\(bytes.count)", reply) { (r: inout Reply?) throws(FSError) in
             try filesystem.write(handle: handle, offset: offset, bytes: bytes)
+            faultPoint("write")
             r.take()!.written(bytes.count)
         }
     }
@@ -255,17 +295,27 @@ public final class FuseAdapter: Sendable {
         info: UnsafeMutablePointer<fuse_file_info>)
     {
         let caller = Self.caller(reply.request)
+        let resent = Self.isResent
         serve("create", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             let name = try Self.new(raw)
-            let (attributes, opened) = try filesystem.create(
-                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller,
-                exclusive: info.pointee.flags & O_EXCL != 0)
+            let attributes: Attributes
+            let opened: Filesystem.OpenResult
+            do throws(FSError) {
+                (attributes, opened) = try filesystem.create(
+                    parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller,
+                    exclusive: info.pointee.flags & O_EXCL != 0)
+            } catch where resent && error.code == .exists {
+                attributes = try madeBefore(.file, "create", parent: parent, name: name, else: error)
+                opened = try filesystem.open(attributes.inode, writable: info.pointee.flags & O_ACCMODE != O_RDONLY, truncate: false)
+            }
+            faultPoint("create")
             r.take()!.create(attributes, handle: opened.handle, timeouts: timeouts, info: info)
         }
     }
 
     func mknod(_ reply: consuming Reply, parent: InodeNumber, name raw: String?, mode: mode_t) {
         let caller = Self.caller(reply.request)
+        let resent = Self.isResent
         serve("mknod", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             let name = try Self.new(raw)
             let kind: NodeKind?
@@ -275,28 +325,47 @@ public final class FuseAdapter: Sendable {
             case S_IFSOCK: kind = .socket
             default: kind = nil  // devices: EPERM
             }
-            let attributes = try filesystem.mknod(
-                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode & 0o7777), kind: kind, caller: caller)
+            let attributes: Attributes
+            do throws(FSError) {
+                attributes = try filesystem.mknod(
+                    parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode & 0o7777), kind: kind, caller: caller)
+            } catch where resent && error.code == .exists && kind != nil {
+                attributes = try madeBefore(kind!, "mknod", parent: parent, name: name, else: error)
+            }
+            faultPoint("mknod")
             r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
         }
     }
 
     func mkdir(_ reply: consuming Reply, parent: InodeNumber, name raw: String?, mode: mode_t) {
         let caller = Self.caller(reply.request)
+        let resent = Self.isResent
         serve("mkdir", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             let name = try Self.new(raw)
-            let attributes = try filesystem.mkdir(
-                parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
+            let attributes: Attributes
+            do throws(FSError) {
+                attributes = try filesystem.mkdir(parent: parent, name: name, mode: UInt16(truncatingIfNeeded: mode), caller: caller)
+            } catch where resent && error.code == .exists {
+                attributes = try madeBefore(.directory, "mkdir", parent: parent, name: name, else: error)
+            }
+            faultPoint("mkdir")
             r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
         }
     }
 
     func symlink(_ reply: consuming Reply, target rawTarget: String?, parent: InodeNumber, name raw: String?) {
         let caller = Self.caller(reply.request)
+        let resent = Self.isResent
         serve("symlink", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
             let name = try Self.new(raw)
             let target = try Self.new(rawTarget)
-            let attributes = try filesystem.symlink(parent: parent, name: name, target: target, caller: caller)
+            let attributes: Attributes
+            do throws(FSError) {
+                attributes = try filesystem.symlink(parent: parent, name: name, target: target, caller: caller)
+            } catch where resent && error.code == .exists {
+                attributes = try madeBefore(.symlink, "symlink", parent: parent, name: name, else: error)
+            }
+            faultPoint("symlink")
             r.take()!.entry(attributes, entryTimeout: timeouts.entry, attributeTimeout: timeouts.attribute)
         }
     }
@@ -308,15 +377,28 @@ public final class FuseAdapter: Sendable {
     }
 
     func unlink(_ reply: consuming Reply, parent: InodeNumber, name raw: String?) {
+        let resent = Self.isResent
         serve("unlink", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
-            try filesystem.unlink(parent: parent, name: try Self.existing(raw))
+            do throws(FSError) {
+                try filesystem.unlink(parent: parent, name: try Self.existing(raw))
+            } catch where resent && error.code == .notFound {
+                // Gone: the dead worker removed it (a name not UTF-8 was never there).
+                doneBefore("unlink", "\(parent)/\(Self.shown(raw))")
+            }
+            faultPoint("unlink")
             r.take()!.ok()
         }
     }
 
     func rmdir(_ reply: consuming Reply, parent: InodeNumber, name raw: String?) {
+        let resent = Self.isResent
         serve("rmdir", "\(parent)/\(Self.shown(raw))", reply) { (r: inout Reply?) throws(FSError) in
-            try filesystem.rmdir(parent: parent, name: try Self.existing(raw))
+            do throws(FSError) {
+                try filesystem.rmdir(parent: parent, name: try Self.existing(raw))
+            } catch where resent && error.code == .notFound {
+                doneBefore("rmdir", "\(parent)/\(Self.shown(raw))")
+            }
+            faultPoint("rmdir")
             r.take()!.ok()
         }
     }
@@ -325,6 +407,7 @@ public final class FuseAdapter: Sendable {
         _ reply: consuming Reply, parent: InodeNumber, name raw: String?, newParent: InodeNumber, newName rawNew: String?,
         flags: UInt32
     ) {
+        let resent = Self.isResent
         serve("rename", "\(parent)/\(Self.shown(raw)) -> \(newParent)/\(Self.shown(rawNew))", reply) {
             (r: inout Reply?) throws(FSError) in
             // RENAME_NOREPLACE (1) is done; RENAME_EXCHANGE (2) cannot be done on an object store,
@@ -333,8 +416,16 @@ public final class FuseAdapter: Sendable {
             if flags & ~1 != 0 { throw FSError(.invalidArgument, "rename flags \(flags) are not supported") }
             let name = try Self.existing(raw)
             let newName = try Self.new(rawNew)
-            try filesystem.rename(
-                parent: parent, name: name, newParent: newParent, newName: newName, noReplace: flags & 1 != 0)
+            do throws(FSError) {
+                try filesystem.rename(
+                    parent: parent, name: name, newParent: newParent, newName: newName, noReplace: flags & 1 != 0)
+            } catch where resent && error.code == .notFound {
+                // The source is gone: the dead worker moved it if the destination is there.
+                let moved = try filesystem.lookup(parent: newParent, name: newName)
+                filesystem.forget(moved.inode, count: 1)
+                doneBefore("rename", "\(parent)/\(name) -> \(newParent)/\(newName)")
+            }
+            faultPoint("rename")
             r.take()!.ok()
         }
     }
@@ -361,6 +452,7 @@ public final class FuseAdapter: Sendable {
                 changes.accessed = Timestamp(seconds: Int64(st.st_atim.tv_sec), nanoseconds: Int32(st.st_atim.tv_nsec))
             }
             let attributes = try filesystem.setattr(inode, changes)
+            faultPoint("setattr")
             r.take()!.attributes(attributes, timeout: configuration.attributeTimeout)
         }
     }

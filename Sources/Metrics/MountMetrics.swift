@@ -27,6 +27,9 @@ public final class MountMetrics: Sendable {
     /// Uploads stored as a conflict copy: the object at their name changed since this mount read
     /// or wrote it (another client's version stays; the log names both keys).
     public let conflicts: Counter
+    /// Requests the kernel sent again after a worker's death that the dead worker had done
+    /// already (a mkdir whose directory is there, an unlink whose name is gone): answered as done.
+    public let resentDone: Counter
 
     public init() {
         requests = registry.counters(
@@ -54,5 +57,8 @@ public final class MountMetrics: Sendable {
         conflicts = registry.counter(
             "cssp_conflicts_total",
             help: "Uploads stored as a conflict copy: another client changed the object since this mount read or wrote it.")
+        resentDone = registry.counter(
+            "cssp_resent_done_total",
+            help: "Requests sent again after a worker's death that the dead worker had done: answered as done, not done twice.")
     }
 }

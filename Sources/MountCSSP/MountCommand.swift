@@ -377,6 +377,13 @@ enum MountCommand {
         fuseConfiguration.negativeTimeout = options.negativeTimeout
         fuseConfiguration.maxThreads = options.maxThreads
         fuseConfiguration.traceOperations = options.debug
+        // A fault point for the tests of resent requests (issue 40): worker number N (0: the
+        // first) dies before answering the Nth operation the list names. Not an option.
+        if let raw = getenv("CSSP_TEST_WORKER_DIES_BEFORE_ANSWERING") {
+            let plan = String(cString: raw)
+            let operations = plan.split(separator: ",").map(String.init)
+            if incarnation < operations.count { fuseConfiguration.dieBeforeAnswering = operations[Int(incarnation)] }
+        }
         let adapter = FuseAdapter(filesystem: filesystem, configuration: fuseConfiguration, logger: logger, metrics: metrics)
         let session: FuseSession
         do {

@@ -20,10 +20,11 @@ struct RestartTests {
         let cache: String
         let mount: Mount
 
-        init(options: [String] = []) throws {
+        init(options: [String] = [], extraEnvironment: [String: String] = [:]) throws {
             environment = try Environment.load()
             (container, _, cache) = try environment.newContainer("restart")
-            mount = try Mount(environment, container: container, options: ["cache_dir=" + cache] + options)
+            mount = try Mount(
+                environment, container: container, options: ["cache_dir=" + cache] + options, extraEnvironment: extraEnvironment)
         }
     }
 
@@ -199,6 +200,59 @@ struct RestartTests {
         #expect(seen == names, "\(seen.count) names, \(Set(seen).count) of them different")
         #expect(close(fd) == 0 && closedir(stream) == 0)
         #expect(try mount.unmount() == 0)
+    }
+
+    /// A request the worker did and died before answering (step 3): the kernel sends it again to
+    /// the successor, which finds it done (the directory made, the name gone, the file moved)
+    /// and answers as done, never EEXIST or ENOENT for the program's own change, and never does
+    /// it twice. The same program runs three times, with the worker dying (a fault point, by
+    /// SIGKILL) after doing other operations each time: at most four deaths per mount, below
+    /// the supervisor's limit.
+    @Test(arguments: ["mkdir,create,write,setattr", "symlink,mknod,rename", "unlink,rmdir"])
+    func aRequestDoneByAWorkerThatDiedBeforeAnsweringIsAnsweredAsDone(dying: String) throws {
+        let scene = try Scene(extraEnvironment: ["CSSP_TEST_WORKER_DIES_BEFORE_ANSWERING": dying])
+        defer { try? FileManager.default.removeItem(atPath: scene.cache) }
+        let mount = scene.mount
+        let first = try #require(mount.worker())
+        func succeeds(_ what: String, _ result: Int32) {
+            #expect(result >= 0, "\(what): errno \(errno) (\(String(cString: strerror(errno))))\n\(mount.stderrText)")
+        }
+        succeeds("mkdir", mkdir(mount.path("d"), 0o755))
+        let fd = open(mount.path("d/f"), O_WRONLY | O_CREAT | O_EXCL, 0o644)
+        succeeds("create", fd)
+        succeeds("write", Int32(Glibc.write(fd, "hello", 5)))
+        succeeds("fchmod", fchmod(fd, 0o600))
+        succeeds("close", close(fd))
+        #expect(try Self.read(mount.path("d/f")) == Array("hello".utf8))
+        var st = stat()
+        succeeds("stat", stat(mount.path("d/f"), &st))
+        #expect(st.st_mode & 0o777 == 0o600)
+        succeeds("symlink", symlink("f", mount.path("d/l")))
+        succeeds("mkfifo", mkfifo(mount.path("d/p"), 0o644))
+        succeeds("rename", rename(mount.path("d/f"), mount.path("d/g")))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mount.path("d")).sorted() == ["g", "l", "p"])
+        let store = scene.environment.store(container: scene.container)
+        var moved: [UInt8] = []
+        let info = try store.get(key: "d/g", range: nil) { moved += $0 }
+        #expect(moved == Array("hello".utf8) && info.metadata["mode"] == "0600", "\(info.metadata)")
+        for name in ["l", "p", "g"] { succeeds("unlink \(name)", unlink(mount.path("d/" + name))) }
+        succeeds("rmdir", rmdir(mount.path("d")))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mount.directory).isEmpty)
+        // Each operation of the plan killed its worker once, and its successor answered it: as
+        // done where doing it again would fail (ENOENT); the others it did again, which does
+        // what they did (a write, a chmod, a PUT of the same directory marker or empty object).
+        let plan = dying.split(separator: ",").map(String.init)
+        let log = mount.stderrText
+        for operation in plan where ["unlink", "rmdir", "rename"].contains(operation) {
+            #expect(log.contains("notice: \(operation) ") && log.contains("was done by that worker: answered as done"), "\(log)")
+        }
+        let deaths = plan.count
+        #expect(mount.worker() != first)
+        let stats = try shell("\(quoted(scene.environment.binary)) --stats \(quoted(mount.directory))").stdout
+        #expect(stats.contains("cssp_worker_restarts \(deaths)\n"), "\(stats)")
+        #expect(try mount.unmount() == 0)
+        // Nothing left behind (the unmount sent the deletes a rename journals), nothing made twice.
+        #expect(try store.list(prefix: "", delimiter: nil, marker: nil, limit: 100).entries.isEmpty)
     }
 
     /// A workload by path (open, read, close; stat; readdir; create) runs in a thread while the

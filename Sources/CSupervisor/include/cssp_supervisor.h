@@ -34,6 +34,10 @@ int cssp_kernel_resends(void);
 /// Requests this worker read that the kernel sent again (a dead worker had read them).
 uint64_t cssp_resent_requests(void);
 
+/// Whether the request the calling thread is serving was sent again: a dead worker had read
+/// it, and may have done it before it died. Valid in a request's callback, on its thread.
+int cssp_request_is_resent(void);
+
 /// The node log, shared by the supervisor and its workers (one writer at a time: the worker,
 /// under its own lock). Appends `size` bytes of `record`: 0, or -1 when there is no room (or no
 /// log). `restart` empties it; `read` gives its bytes and their count.
