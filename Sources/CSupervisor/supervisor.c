@@ -50,6 +50,17 @@ struct shared_log {
     uint64_t used;
     unsigned char bytes[];
 };
+/// The requests a worker has read and not answered, one slot per serving thread (its unique id,
+/// 0: none): on a kernel that cannot send them again, the worker that replaces a dead one
+/// answers these with EIO, so that none hangs. A slot may still hold a request answered from
+/// another thread: the kernel refuses an answer to a request it no longer waits for (ENOENT).
+#define INFLIGHT_SLOTS 1024
+struct inflight_table {
+    uint64_t unique[INFLIGHT_SLOTS];
+};
+static struct inflight_table *inflight;
+static __thread int inflight_slot = -1;
+static int inflight_slots_taken;
 #define NODE_LOG_CAPACITY ((size_t)1 << 30)
 #define HANDLE_LOG_CAPACITY ((size_t)1 << 28)
 static struct shared_log *node_log;
@@ -68,6 +79,8 @@ static struct shared *shared;
 // In a worker, while its session handles the replayed INIT.
 static int replaying;
 static int reply_differs;
+
+static void take_over_dead_workers_requests(int fd);
 
 static void say(int priority, const char *format, ...) {
     char message[512];
@@ -148,6 +161,13 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
         _exit(32);
     }
     memset(shared, 0, sizeof *shared);
+    inflight = mmap(NULL, sizeof *inflight, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (inflight == MAP_FAILED) {
+        say(LOG_WARNING, "cannot map the table of requests in flight (%s): on a kernel that cannot send a dead worker's requests again, they hang", strerror(errno));
+        inflight = NULL;
+    } else {
+        memset(inflight, 0, sizeof *inflight);
+    }
     node_log = map_log(NODE_LOG_CAPACITY, "node log", "numbers");
     handle_log = map_log(HANDLE_LOG_CAPACITY, "handle log", "open files");
 
@@ -167,6 +187,9 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
     uint64_t flags = init->flags;
     if (flags & FUSE_INIT_EXT) flags |= (uint64_t)init->flags2 << 32;
     kernel_resends = (flags & CSSP_FUSE_HAS_RESEND) != 0;
+    // The tests of kernels before 6.9 (not an option): behave as if the kernel could not resend.
+    const char *pretend = getenv("CSSP_TEST_KERNEL_WITHOUT_RESEND");
+    if (pretend != NULL && strcmp(pretend, "1") == 0) kernel_resends = 0;
 
     // The supervisor takes the termination signals (it unmounts) and SIGUSR1 (passed on), and
     // learns of a worker's end from SIGCHLD, all through one descriptor.
@@ -267,6 +290,7 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
                         "until the mount is unmounted (umount it, then mount again; the log above says why)",
                         (int)ended, text, DEATHS_ALLOWED, DEATH_WINDOW_SECONDS);
                     given_up = 1;
+                    take_over_dead_workers_requests(fd);
                     eio_buffer_size = 4 << 20;  // more than the largest WRITE the kernel sends
                     eio_buffer = malloc(eio_buffer_size);
                     if (eio_buffer == NULL) _exit(1);
@@ -280,7 +304,7 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
                 say(LOG_ERR, "worker %d %s; starting worker %llu%s", (int)ended, text,
                     (unsigned long long)incarnation,
                     kernel_resends ? " (the kernel sends its requests again)"
-                                   : " (this kernel cannot send again the requests it had read: they hang)");
+                                   : " (this kernel cannot send again the requests it had read: they fail with EIO)");
                 start_at = now + backoff;
             }
             break;
@@ -302,6 +326,15 @@ static ssize_t worker_read(int fd, void *buffer, size_t size, void *userdata) {
     reading_resent = 0;
     if (n >= (ssize_t)sizeof(struct fuse_in_header)) {
         const struct fuse_in_header *in = buffer;
+        if (inflight != NULL) {
+            if (inflight_slot == -1) {
+                int taken = __atomic_fetch_add(&inflight_slots_taken, 1, __ATOMIC_RELAXED);
+                inflight_slot = taken < INFLIGHT_SLOTS ? taken : -2;
+            }
+            // FORGET and BATCH_FORGET take no answer.
+            int answered = in->opcode != FUSE_FORGET && in->opcode != FUSE_BATCH_FORGET;
+            if (inflight_slot >= 0) __atomic_store_n(&inflight->unique[inflight_slot], answered ? in->unique : 0, __ATOMIC_RELEASE);
+        }
         if (in->unique & CSSP_FUSE_UNIQUE_RESEND) {
             __atomic_add_fetch(&resent_requests, 1, __ATOMIC_RELAXED);
             reading_resent = 1;
@@ -341,7 +374,36 @@ static ssize_t worker_writev(int fd, struct iovec *iov, int count, void *userdat
             return written;
         }
     }
-    return writev(fd, iov, count);
+    ssize_t written = writev(fd, iov, count);
+    if (inflight != NULL && inflight_slot >= 0 && count > 0 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
+        const struct fuse_out_header *out = iov[0].iov_base;
+        if (out->unique != 0 && out->unique == inflight->unique[inflight_slot]) {
+            __atomic_store_n(&inflight->unique[inflight_slot], 0, __ATOMIC_RELEASE);
+        }
+    }
+    return written;
+}
+
+/// What a dead worker had read and not answered: the kernel sends it again where it can
+/// (FUSE_NOTIFY_RESEND, before this process reads), else it is answered with EIO here (it would
+/// hang). By the worker that replaces the dead one, or by a supervisor that gave up.
+static void take_over_dead_workers_requests(int fd) {
+    int answered = 0;
+    for (int slot = 0; inflight != NULL && slot < INFLIGHT_SLOTS; slot++) {
+        uint64_t unique = __atomic_exchange_n(&inflight->unique[slot], 0, __ATOMIC_ACQ_REL);
+        if (unique == 0 || kernel_resends) continue;
+        struct fuse_out_header eio = {.len = sizeof eio, .error = -EIO, .unique = unique};
+        if (write(fd, &eio, sizeof eio) == (ssize_t)sizeof eio) answered++;
+    }
+    if (answered > 0) {
+        say(LOG_WARNING, "%d request(s) the dead worker had read answered with EIO: this kernel cannot send them again",
+            answered);
+    }
+    if (!kernel_resends) return;
+    struct fuse_out_header resend = {.len = sizeof resend, .error = CSSP_FUSE_NOTIFY_RESEND, .unique = 0};
+    if (write(fd, &resend, sizeof resend) < 0) {
+        say(LOG_WARNING, "the kernel refused FUSE_NOTIFY_RESEND: %s", strerror(errno));
+    }
 }
 
 int cssp_worker_start(struct fuse_session *se) {
@@ -358,12 +420,7 @@ int cssp_worker_start(struct fuse_session *se) {
             (int)getpid());
         return -1;
     }
-    if (incarnation > 0 && kernel_resends) {
-        struct fuse_out_header resend = {.len = sizeof resend, .error = CSSP_FUSE_NOTIFY_RESEND, .unique = 0};
-        if (write(fd, &resend, sizeof resend) < 0) {
-            say(LOG_WARNING, "worker %d: the kernel refused FUSE_NOTIFY_RESEND: %s", (int)getpid(), strerror(errno));
-        }
-    }
+    if (incarnation > 0) take_over_dead_workers_requests(fd);
     return 0;
 }
 
