@@ -46,10 +46,18 @@ struct shared {
 /// (`cssp_node_log_*`, the namespace room's) and the file handles it holds (`cssp_handle_log_*`,
 /// the files room's). Anonymous shared memory the supervisor maps before the first fork; pages
 /// are taken as they are written.
+///
+/// Two halves: a successor reads the `active` one. A worker appends to the half it `writes`:
+/// the active one, or, while it writes the log again whole (`restart` ... `commit`), the other,
+/// which becomes active at the commit. A worker killed in the middle of a rewrite leaves the
+/// whole old log active, and the supervisor points the next worker's appends at it again.
 struct shared_log {
-    uint64_t used;
+    uint64_t active;
+    uint64_t writes;
+    uint64_t used[2];
     unsigned char bytes[];
 };
+#define LOG_HALF(capacity) (((capacity) - sizeof(struct shared_log)) / 2)
 /// The requests a worker has read and not answered, one slot per serving thread (its unique id,
 /// 0: none): on a kernel that cannot send them again, the worker that replaces a dead one
 /// answers these with EIO, so that none hangs. A slot may still hold a request answered from
@@ -221,6 +229,7 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
             double wait = start_at - monotonic_seconds();
             if (wait > 0) sleep_seconds(wait);
             start_at = 0;
+            cssp_logs_settle();
             pid_t pid = fork();
             if (pid == 0) {
                 close(signal_fd);
@@ -426,33 +435,66 @@ int cssp_worker_start(struct fuse_session *se) {
 
 static int log_append(struct shared_log *log, size_t capacity, const void *record, size_t size) {
     if (log == NULL) return -1;
-    uint64_t used = log->used;
-    if (sizeof *log + used + size > capacity) return -1;
-    memcpy(log->bytes + used, record, size);
+    uint64_t half = log->writes;
+    uint64_t used = log->used[half];
+    if (used + size > LOG_HALF(capacity)) return -1;
+    memcpy(log->bytes + half * LOG_HALF(capacity) + used, record, size);
     // A worker killed in the middle leaves the record uncounted.
-    __atomic_store_n(&log->used, used + size, __ATOMIC_RELEASE);
+    __atomic_store_n(&log->used[half], used + size, __ATOMIC_RELEASE);
     return 0;
 }
 
 static void log_restart(struct shared_log *log) {
-    if (log != NULL) __atomic_store_n(&log->used, 0, __ATOMIC_RELEASE);
+    if (log == NULL) return;
+    uint64_t other = 1 - log->active;
+    __atomic_store_n(&log->used[other], 0, __ATOMIC_RELEASE);
+    log->writes = other;
 }
 
-static size_t log_read(struct shared_log *log, const unsigned char **bytes) {
+static void log_commit(struct shared_log *log, int complete) {
+    if (log == NULL) return;
+    if (complete) {
+        __atomic_store_n(&log->active, log->writes, __ATOMIC_RELEASE);
+    } else {
+        log->writes = log->active;
+    }
+}
+
+/// Before a worker starts: appends go to the active half (its predecessor may have died in the
+/// middle of a rewrite).
+static void log_settle(struct shared_log *log) {
+    if (log != NULL) log->writes = log->active;
+}
+
+static size_t log_read(struct shared_log *log, size_t capacity, const unsigned char **bytes) {
     if (log == NULL) return 0;
-    *bytes = log->bytes;
-    return __atomic_load_n(&log->used, __ATOMIC_ACQUIRE);
+    uint64_t half = __atomic_load_n(&log->active, __ATOMIC_ACQUIRE);
+    *bytes = log->bytes + half * LOG_HALF(capacity);
+    return __atomic_load_n(&log->used[half], __ATOMIC_ACQUIRE);
 }
 
 int cssp_node_log_append(const void *record, size_t size) { return log_append(node_log, NODE_LOG_CAPACITY, record, size); }
 void cssp_node_log_restart(void) { log_restart(node_log); }
-size_t cssp_node_log_read(const unsigned char **bytes) { return log_read(node_log, bytes); }
+void cssp_node_log_commit(int complete) { log_commit(node_log, complete); }
+size_t cssp_node_log_read(const unsigned char **bytes) { return log_read(node_log, NODE_LOG_CAPACITY, bytes); }
 
 int cssp_handle_log_append(const void *record, size_t size) {
     return log_append(handle_log, HANDLE_LOG_CAPACITY, record, size);
 }
 void cssp_handle_log_restart(void) { log_restart(handle_log); }
-size_t cssp_handle_log_read(const unsigned char **bytes) { return log_read(handle_log, bytes); }
+void cssp_handle_log_commit(int complete) { log_commit(handle_log, complete); }
+size_t cssp_handle_log_read(const unsigned char **bytes) { return log_read(handle_log, HANDLE_LOG_CAPACITY, bytes); }
+
+void cssp_logs_settle(void) {
+    log_settle(node_log);
+    log_settle(handle_log);
+}
+
+int cssp_logs_map_for_testing(void) {
+    if (node_log == NULL) node_log = map_log(NODE_LOG_CAPACITY, "node log", "numbers");
+    if (handle_log == NULL) handle_log = map_log(HANDLE_LOG_CAPACITY, "handle log", "open files");
+    return node_log != NULL && handle_log != NULL ? 0 : -1;
+}
 
 uint64_t cssp_worker_incarnation(void) { return incarnation; }
 

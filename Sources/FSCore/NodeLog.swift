@@ -6,12 +6,15 @@
 public protocol NodeLog: AnyObject, Sendable {
     /// The kernel holds `inode`, which `name` in `parent` leads to (also after a rename).
     /// Returns false when the log is full: the caller writes it again from what it knows
-    /// (`restart`, then `named` for each node).
+    /// (`restart`, then `named` for each node, then `commit`).
     func named(_ inode: InodeNumber, parent: InodeNumber, name: String, kind: NodeKind) -> Bool
     /// No name leads to `inode` any more, or the kernel no longer holds it.
     func unnamed(_ inode: InodeNumber)
-    /// Empties the log, to write it again whole.
+    /// Begins writing the log again whole: what is written from now on replaces the log at
+    /// `commit(true)` (a worker that dies before leaves the old log whole); `commit(false)`
+    /// gives up and keeps the old one.
     func restart()
+    func commit(_ complete: Bool)
 }
 
 /// A number the kernel held when the previous worker died, and what it named.
@@ -34,12 +37,13 @@ public struct AdoptedNode: Sendable, Equatable {
 public protocol HandleLog: AnyObject, Sendable {
     /// The kernel holds `handle`, as `record` describes it (the latest record of a number wins).
     /// Returns false when the log is full: the caller writes it again whole (`restart`, then
-    /// `opened` for each handle).
+    /// `opened` for each handle, then `commit`).
     func opened(_ handle: UInt64, _ record: AdoptedHandle) -> Bool
     /// The kernel released `handle`, or it is not one a successor can take over.
     func released(_ handle: UInt64)
-    /// Empties the log, to write it again whole.
+    /// Begins writing the log again whole, as `NodeLog.restart`; `commit` ends it.
     func restart()
+    func commit(_ complete: Bool)
 }
 
 /// A file handle open when the previous worker died: the object version it reads, or the spool

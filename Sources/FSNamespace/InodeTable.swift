@@ -179,9 +179,14 @@ package struct InodeTable {
         guard let log, node.inode != Self.root else { return }
         if log.named(node.inode, parent: node.parent, name: node.name, kind: node.kind) { return }
         log.restart()
+        var complete = true
         for (inode, node) in nodes where inode != Self.root && node.lookups > 0 && node.linked {
-            guard log.named(inode, parent: node.parent, name: node.name, kind: node.kind) else { return }
+            guard log.named(inode, parent: node.parent, name: node.name, kind: node.kind) else {
+                complete = false
+                break
+            }
         }
+        log.commit(complete)
     }
 
     /// New nodes are numbered from `first` on (a worker that replaces a dead one, whose

@@ -62,8 +62,10 @@ extension Filesystem {
         f.handleLogRecords = f.recordedHandles.count
         for (other, adopted) in f.recordedHandles where !log.opened(other, adopted) {
             logger.warning("the handle log is full: a worker that replaces this one will not know every open file")
+            log.commit(false)
             return
         }
+        log.commit(true)
     }
 
     /// The handles reading `node` from the store read the version this mount just stored from

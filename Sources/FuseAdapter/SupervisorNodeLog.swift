@@ -31,6 +31,8 @@ public final class SupervisorNodeLog: NodeLog, @unchecked Sendable {
 
     public func restart() { cssp_node_log_restart() }
 
+    public func commit(_ complete: Bool) { cssp_node_log_commit(complete ? 1 : 0) }
+
     /// Whether the supervisor mapped the log (it says so in its log when it could not).
     public static var isAvailable: Bool { LogRecord.isAvailable(cssp_node_log_append) }
 
@@ -90,6 +92,8 @@ public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
 
     public func restart() { cssp_handle_log_restart() }
 
+    public func commit(_ complete: Bool) { cssp_handle_log_commit(complete ? 1 : 0) }
+
     /// Whether the supervisor mapped the log (it says so in its log when it could not).
     public static var isAvailable: Bool { LogRecord.isAvailable(cssp_handle_log_append) }
 
@@ -126,6 +130,17 @@ public final class SupervisorHandleLog: HandleLog, @unchecked Sendable {
         }
         return latest
     }
+}
+
+/// The supervisor's two logs as a whole.
+public enum SupervisorLogs {
+    /// Maps the logs in this process, as the supervisor does before its first worker (unit
+    /// tests of the logs). Whether they are mapped.
+    public static func mapForTesting() -> Bool { cssp_logs_map_for_testing() == 0 }
+
+    /// What the supervisor does before it starts a worker: appends go to the log a successor
+    /// reads (the dead worker may have died in the middle of a rewrite).
+    public static func settle() { cssp_logs_settle() }
 }
 
 /// One record of a shared log: its length (4 bytes), its type (1 byte), then fields: bytes,

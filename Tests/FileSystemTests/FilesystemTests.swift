@@ -66,6 +66,7 @@ struct FilesystemTests {
         }
         func unnamed(_ inode: InodeNumber) { records.withLock { $0[inode] = .some(nil) } }
         func restart() { records.withLock { $0 = [:] } }
+        func commit(_ complete: Bool) {}
         var recorded: [AdoptedNode] { records.withLock { $0.values.compactMap { $0 } } }
     }
 
@@ -130,6 +131,7 @@ struct FilesystemTests {
             records.withLock { $0 = [:] }
             appended.withLock { $0 = 0 }
         }
+        func commit(_ complete: Bool) {}
         var recorded: [UInt64: AdoptedHandle] { records.withLock { $0 } }
     }
 

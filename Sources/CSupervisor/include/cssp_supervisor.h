@@ -40,15 +40,25 @@ int cssp_request_is_resent(void);
 
 /// The node log, shared by the supervisor and its workers (one writer at a time: the worker,
 /// under its own lock). Appends `size` bytes of `record`: 0, or -1 when there is no room (or no
-/// log). `restart` empties it; `read` gives its bytes and their count.
+/// log). `restart` begins writing it again whole, which counts from `commit(1)` on (a worker
+/// that dies before leaves the old log whole; `commit(0)` gives up and keeps it); `read` gives
+/// its bytes and their count.
 int cssp_node_log_append(const void *record, size_t size);
 void cssp_node_log_restart(void);
+void cssp_node_log_commit(int complete);
 size_t cssp_node_log_read(const unsigned char **bytes);
 
 /// The handle log: the file handles the kernel holds, in the same way (the files room's).
 int cssp_handle_log_append(const void *record, size_t size);
 void cssp_handle_log_restart(void);
+void cssp_handle_log_commit(int complete);
 size_t cssp_handle_log_read(const unsigned char **bytes);
+
+/// Points both logs' appends at what a successor reads (the supervisor, before each worker).
+void cssp_logs_settle(void);
+
+/// Maps both logs in this process, as the supervisor does (unit tests of the logs); 0 or -1.
+int cssp_logs_map_for_testing(void);
 
 /// Requests sent again at the kernel's RESEND are marked by this bit of their unique id.
 #define CSSP_FUSE_UNIQUE_RESEND (1ULL << 63)
