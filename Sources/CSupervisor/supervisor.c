@@ -9,6 +9,7 @@
 #include <linux/fuse.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -33,14 +34,60 @@
 #define DEATHS_ALLOWED 5
 #define DEATH_WINDOW_SECONDS 30
 
-/// What the supervisor and its workers share across fork: a page of anonymous shared memory.
+/// What the supervisor and its workers share: a memfd the supervisor maps before the first
+/// worker, which a worker started from the installed binary (`--restart`) maps again by its
+/// inherited descriptor. Its layout is checked by number: a binary of another layout cannot
+/// be such a worker.
+#define CSSP_SHARED_LAYOUT 1
 struct shared {
+    uint32_t layout;
     /// The first INIT reply that reached the kernel; later workers' replies are compared with it
     /// and dropped (the kernel takes one).
     int init_answered;
     size_t init_reply_size;
     unsigned char init_reply[512];
+    /// The INIT request as the kernel sent it, and what the supervisor learned from it.
+    uint64_t init_unique;
+    size_t init_request_size;
+    unsigned char init_request[8192];
+    int kernel_resends;
+    /// The worker's number (0: the first), the supervisor, whether to log to syslog.
+    uint64_t incarnation;
+    pid_t supervisor;
+    int use_syslog;
+    /// The worker that asked to be replaced by the installed binary (`--restart`), and the one
+    /// that serves now (set once its session took the INIT).
+    pid_t restart_requested;
+    pid_t serving;
 };
+/// The descriptors of the memfds behind the shared page, the logs and the table of requests in
+/// flight (-1: none), which a worker started by exec inherits.
+static int shared_fd = -1, node_log_fd = -1, handle_log_fd = -1, inflight_fd = -1;
+
+/// A memfd of `size` bytes mapped shared (pages taken as they are written); NULL on failure.
+static void *map_memfd(const char *name, size_t size, int *fd_out) {
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0) return NULL;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (memory == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_out = fd;
+    return memory;
+}
+
+/// The same, by an inherited descriptor (a worker started by exec); NULL when there is none.
+static void *map_inherited(int fd, size_t size) {
+    if (fd < 0) return NULL;
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    return memory == MAP_FAILED ? NULL : memory;
+}
 
 /// The logs a worker keeps for its successor: what the kernel's node numbers name
 /// (`cssp_node_log_*`, the namespace room's) and the file handles it holds (`cssp_handle_log_*`,
@@ -84,6 +131,9 @@ static pid_t supervisor;
 static int device_fd = -1;
 static int log_to_syslog;
 static struct shared *shared;
+// Whether the next worker is the installed binary (since a `--restart`), not a fork of this one.
+static int exec_next;
+#define WORKER_EXEC_FAILED 127
 // In a worker, while its session handles the replayed INIT.
 static int replaying;
 static int reply_differs;
@@ -148,13 +198,48 @@ static int final_status(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static struct shared_log *map_log(size_t capacity, const char *name, const char *what) {
-    struct shared_log *log = mmap(NULL, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (log == MAP_FAILED) {
+static struct shared_log *map_log(size_t capacity, const char *name, const char *what, int *fd_out) {
+    struct shared_log *log = map_memfd(name, capacity, fd_out);
+    if (log == NULL) {
         say(LOG_WARNING, "no %s (%s): a worker that replaces a dead one knows none of its %s", name, strerror(errno), what);
-        return NULL;
     }
     return log;
+}
+
+/// The installed binary and the supervisor's arguments, for a worker started by exec.
+static char exe_path[4096];
+static char **saved_argv;
+
+static void remember_command(void) {
+    ssize_t n = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+    exe_path[n > 0 ? n : 0] = 0;
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    static char line[65536];
+    ssize_t size = read(fd, line, sizeof line - 1);
+    close(fd);
+    if (size <= 0) return;
+    line[size] = 0;
+    size_t count = 0;
+    for (ssize_t i = 0; i < size; i++) count += line[i] == 0;
+    saved_argv = calloc(count + 2, sizeof *saved_argv);
+    if (saved_argv == NULL) return;
+    size_t at = 0;
+    for (char *p = line; p < line + size && at <= count; p += strlen(p) + 1) saved_argv[at++] = p;
+}
+
+/// In a new worker's process: becomes the installed binary, which serves as this worker
+/// (`cssp_worker_attach`). Returns only if exec failed.
+static void exec_worker(void) {
+    int fds[] = {device_fd, shared_fd, node_log_fd, handle_log_fd, inflight_fd};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++) {
+        if (fds[i] >= 0) fcntl(fds[i], F_SETFD, 0);
+    }
+    char value[96];
+    snprintf(value, sizeof value, "%d,%d,%d,%d,%d", fds[0], fds[1], fds[2], fds[3], fds[4]);
+    setenv("CSSP_WORKER", value, 1);
+    if (saved_argv != NULL && exe_path[0] != 0) execv(exe_path, saved_argv);
+    say(LOG_ERR, "cannot start %s as the new worker: %s", exe_path, strerror(errno));
 }
 
 int cssp_supervise(struct fuse_session *se, int use_syslog) {
@@ -162,22 +247,22 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
     supervisor = getpid();
     int fd = fuse_session_fd(se);
     device_fd = fd;
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) {
+    shared = map_memfd("cssp-shared", sizeof *shared, &shared_fd);
+    if (shared == NULL) {
         say(LOG_ERR, "cannot map the supervisor's shared page: %s", strerror(errno));
         fuse_session_unmount(se);
         _exit(32);
     }
-    memset(shared, 0, sizeof *shared);
-    inflight = mmap(NULL, sizeof *inflight, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (inflight == MAP_FAILED) {
+    shared->layout = CSSP_SHARED_LAYOUT;
+    shared->supervisor = supervisor;
+    shared->use_syslog = use_syslog;
+    inflight = map_memfd("cssp-inflight", sizeof *inflight, &inflight_fd);
+    if (inflight == NULL) {
         say(LOG_WARNING, "cannot map the table of requests in flight (%s): on a kernel that cannot send a dead worker's requests again, they hang", strerror(errno));
-        inflight = NULL;
-    } else {
-        memset(inflight, 0, sizeof *inflight);
     }
-    node_log = map_log(NODE_LOG_CAPACITY, "node log", "numbers");
-    handle_log = map_log(HANDLE_LOG_CAPACITY, "handle log", "open files");
+    node_log = map_log(NODE_LOG_CAPACITY, "cssp-node-log", "numbers", &node_log_fd);
+    handle_log = map_log(HANDLE_LOG_CAPACITY, "cssp-handle-log", "open files", &handle_log_fd);
+    remember_command();
 
     ssize_t n;
     do {
@@ -198,6 +283,10 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
     // The tests of kernels before 6.9 (not an option): behave as if the kernel could not resend.
     const char *pretend = getenv("CSSP_TEST_KERNEL_WITHOUT_RESEND");
     if (pretend != NULL && strcmp(pretend, "1") == 0) kernel_resends = 0;
+    shared->init_unique = init_unique;
+    shared->init_request_size = init_request_size;
+    memcpy(shared->init_request, init_request, init_request_size);
+    shared->kernel_resends = kernel_resends;
 
     // The supervisor takes the termination signals (it unmounts) and SIGUSR1 (passed on), and
     // learns of a worker's end from SIGCHLD, all through one descriptor.
@@ -230,6 +319,8 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
             if (wait > 0) sleep_seconds(wait);
             start_at = 0;
             cssp_logs_settle();
+            shared->incarnation = incarnation;
+            shared->serving = 0;
             pid_t pid = fork();
             if (pid == 0) {
                 close(signal_fd);
@@ -241,6 +332,10 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
                 sigaddset(&mask, SIGINT);
                 sigaddset(&mask, SIGHUP);
                 sigprocmask(SIG_SETMASK, &mask, NULL);
+                if (exec_next) {
+                    exec_worker();
+                    _exit(WORKER_EXEC_FAILED);
+                }
                 return 0;
             }
             if (pid < 0) {
@@ -284,6 +379,23 @@ int cssp_supervise(struct fuse_session *se, int use_syslog) {
                 worker = 0;
                 last_status = final_status(status);
                 if (stopping || connection_gone(fd)) _exit(last_status);
+                if (shared->restart_requested == ended && shared->serving == ended) {
+                    // A planned restart (`--restart`): not a death; the installed binary serves next.
+                    shared->restart_requested = 0;
+                    exec_next = exe_path[0] != 0 && saved_argv != NULL;
+                    incarnation++;
+                    say(LOG_NOTICE, "worker %d stopped for a restart; starting worker %llu from %s", (int)ended,
+                        (unsigned long long)incarnation, exec_next ? exe_path : "this binary (its path is unknown)");
+                    start_at = monotonic_seconds();
+                    continue;
+                }
+                if (exec_next && shared->serving != ended) {
+                    // The installed binary did not come to serve (another layout, another INIT
+                    // answer, a start that failed): the running binary serves, as before.
+                    exec_next = 0;
+                    say(LOG_ERR, "worker %d from %s ended before it served: the next worker is this binary again",
+                        (int)ended, exe_path);
+                }
                 char text[160];
                 describe(status, text, sizeof text);
                 double now = monotonic_seconds();
@@ -430,6 +542,45 @@ int cssp_worker_start(struct fuse_session *se) {
         return -1;
     }
     if (incarnation > 0) take_over_dead_workers_requests(fd);
+    __atomic_store_n(&shared->serving, getpid(), __ATOMIC_RELEASE);
+    return 0;
+}
+
+int cssp_worker_attach(void) {
+    const char *value = getenv("CSSP_WORKER");
+    if (value == NULL) return 1;
+    int fds[5];
+    if (sscanf(value, "%d,%d,%d,%d,%d", &fds[0], &fds[1], &fds[2], &fds[3], &fds[4]) != 5) return -1;
+    unsetenv("CSSP_WORKER");
+    shared = map_inherited(fds[1], sizeof *shared);
+    if (shared == NULL || shared->layout != CSSP_SHARED_LAYOUT || fds[0] < 0) return -1;
+    fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+    device_fd = fds[0];
+    shared_fd = fds[1];
+    node_log_fd = fds[2];
+    handle_log_fd = fds[3];
+    inflight_fd = fds[4];
+    node_log = map_inherited(fds[2], NODE_LOG_CAPACITY);
+    handle_log = map_inherited(fds[3], HANDLE_LOG_CAPACITY);
+    inflight = map_inherited(fds[4], sizeof(struct inflight_table));
+    incarnation = shared->incarnation;
+    supervisor = shared->supervisor;
+    kernel_resends = shared->kernel_resends;
+    log_to_syslog = shared->use_syslog;
+    init_unique = shared->init_unique;
+    init_request_size = shared->init_request_size < sizeof init_request ? shared->init_request_size : sizeof init_request;
+    memcpy(init_request, shared->init_request, init_request_size);
+    // The supervisor's death ends this worker too (kept across exec; set again all the same).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != supervisor) _exit(1);
+    return 0;
+}
+
+int cssp_worker_uses_syslog(void) { return log_to_syslog; }
+
+int cssp_worker_request_restart(void) {
+    if (shared == NULL || supervisor == 0 || getpid() == supervisor) return -1;
+    __atomic_store_n(&shared->restart_requested, getpid(), __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -491,8 +642,8 @@ void cssp_logs_settle(void) {
 }
 
 int cssp_logs_map_for_testing(void) {
-    if (node_log == NULL) node_log = map_log(NODE_LOG_CAPACITY, "node log", "numbers");
-    if (handle_log == NULL) handle_log = map_log(HANDLE_LOG_CAPACITY, "handle log", "open files");
+    if (node_log == NULL) node_log = map_log(NODE_LOG_CAPACITY, "cssp-node-log", "numbers", &node_log_fd);
+    if (handle_log == NULL) handle_log = map_log(HANDLE_LOG_CAPACITY, "cssp-handle-log", "open files", &handle_log_fd);
     return node_log != NULL && handle_log != NULL ? 0 : -1;
 }
 

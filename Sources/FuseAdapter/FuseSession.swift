@@ -2,6 +2,7 @@ import CFuse3
 import CSupervisor
 import FileSystem
 import Logging
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -29,6 +30,51 @@ public final class FuseSession {
     /// The holder: `options` are kernel/libfuse mount options (`fsname=…`, `allow_other`, …).
     public convenience init(mountpoint: String, options: [String], debug: Bool) throws(MountError) {
         try self.init(adapter: nil, mountpoint: mountpoint, options: options, debug: debug)
+    }
+
+    /// The holder of a worker the supervisor started from the installed binary (`--restart`):
+    /// the mount is the supervisor's (`attachToSupervisor` took its descriptor); this process
+    /// only serves it, as a forked worker does.
+    public convenience init(inheritedMountpoint mountpoint: String, options: [String]) throws(MountError) {
+        try self.init(adapter: nil, mountpoint: mountpoint, options: options, debug: false)
+        inWorker = true
+    }
+
+    /// What `attachToSupervisor` found.
+    public enum Attachment {
+        /// This process was not started by a supervisor as a worker: it mounts.
+        case none
+        /// It was, and took over the supervisor's descriptor and shared memory.
+        case attached
+        /// It was, but cannot serve (a binary of another shared layout).
+        case failed
+    }
+
+    /// In a process the supervisor started from the installed binary (`--restart`): takes the
+    /// mount's descriptor and the supervisor's shared memory over. Call before anything else.
+    public static func attachToSupervisor() -> Attachment {
+        switch cssp_worker_attach() {
+        case 0: return .attached
+        case 1: return .none
+        default: return .failed
+        }
+    }
+
+    /// Whether the supervisor logs to syslog (it was detached).
+    public static var supervisorUsesSyslog: Bool { cssp_worker_uses_syslog() != 0 }
+
+    /// Set once this worker was asked to make way for the installed binary (`--restart`).
+    public static var restartRequested: Bool { restarting.load(ordering: .acquiring) }
+    private static let restarting = Atomic(false)
+
+    /// Asks the supervisor to start the installed binary in place of this worker once it ends,
+    /// and ends it: the session leaves its loop after answering the requests under way (the
+    /// ones the kernel has queued wait for the next worker). False outside a worker.
+    public static func requestRestart() -> Bool {
+        guard cssp_worker_request_restart() == 0 else { return false }
+        restarting.store(true, ordering: .releasing)
+        kill(getpid(), SIGTERM)
+        return true
     }
 
     /// A worker's session, serving `adapter` on what `holder` mounted. Call in the worker

@@ -84,6 +84,10 @@ enum MountCommand {
             return mount(options)
         case .ask(.drain, let mountpoint):
             return unmountHelper(mountpoint, lazy: false)
+        case .ask(.restart, let mountpoint):
+            var defaults = MountOptions(endpoint: try! Endpoint(parsing: "http://localhost/c"), mountpoint: mountpoint)
+            defaults.cacheDirectory = nil
+            return restart(mountpoint, cacheDirectory: cacheDirectory(defaults, environment()))
         case .ask(let question, let mountpoint):
             var defaults = MountOptions(endpoint: try! Endpoint(parsing: "http://localhost/c"), mountpoint: mountpoint)
             defaults.cacheDirectory = nil
@@ -132,39 +136,17 @@ enum MountCommand {
         LogSink.shared.level = options.debug ? .debug : options.logLevel.flatMap { levels[$0] } ?? (options.verbose ? .info : .notice)
         LoggingSystem.bootstrap { _ in SinkLogHandler() }
         let logger = Logger(label: "mount.cssp")
-
-        var st = stat()
-        var fsStats = statvfs()
-        if statvfs(options.mountpoint, &fsStats) != 0 && errno == ENOTCONN {
-            // A daemon that died (kill -9, the OOM killer) leaves its mount behind, dead. A dead
-            // csspfs mount is detached and mounted again, as an operator would; its owed uploads
-            // are in the spool, and this mount stores them. (statvfs, not stat: the kernel answers
-            // a stat of the dead mount's root from its cache for attr_timeout after the death.)
-            guard isCSSPMount(options.mountpoint, resolvingLast: false) else {
-                return fail(
-                    "\(options.mountpoint) is a dead mount of another filesystem: unmount it first (fusermount3 -uz \(options.mountpoint))",
-                    ExitStatus.usage)
-            }
-            guard detachDeadMount(options.mountpoint) else {
-                return fail(
-                    "\(options.mountpoint) is a dead csspfs mount that cannot be detached: run fusermount3 -uz \(options.mountpoint)",
-                    ExitStatus.mountFailure)
-            }
-            logger.notice("\(options.mountpoint) was a dead csspfs mount (its daemon is gone): detached, mounting again")
-        }
-        guard stat(options.mountpoint, &st) == 0 else {
+        // A worker the supervisor started from the installed binary (`--restart`, issue 40): the
+        // mount is there, held by the supervisor; this process checks its options and serves it.
+        let worker = FuseSession.attachToSupervisor()
+        if worker == .failed {
             return fail(
-                "mountpoint \(options.mountpoint) does not exist: create it with mkdir -p \(options.mountpoint)",
-                ExitStatus.usage)
+                "cannot serve as a worker of this mount's supervisor (it is of another csspfs version): the running worker's binary serves on",
+                ExitStatus.mountFailure)
         }
-        guard (st.st_mode & S_IFMT) == S_IFDIR else {
-            return fail("mountpoint \(options.mountpoint) is not a directory", ExitStatus.usage)
-        }
-        if isCSSPMount(options.mountpoint) {
-            return fail(
-                "\(options.mountpoint) is already a csspfs mount: unmount it first (fusermount3 -u \(options.mountpoint))",
-                ExitStatus.usage)
-        }
+        let startedByExec = worker == .attached
+        if startedByExec && FuseSession.supervisorUsesSyslog { LogSink.shared.switchToSyslog() }
+        if !startedByExec, let problem = mountpointProblem(options, logger: logger) { return problem }
 
         let env = environment()
         let credentials: Credentials
@@ -282,7 +264,18 @@ enum MountCommand {
 
         // As /proc/self/mountinfo will show it; resolved now, since the mountpoint cannot be
         // looked at once mounted until the session serves.
-        let target = MountTable.canonical(options.mountpoint, resolvingLast: true) ?? options.mountpoint
+        let target = MountTable.canonical(options.mountpoint, resolvingLast: !startedByExec) ?? options.mountpoint
+        if startedByExec {
+            let holder: FuseSession
+            do {
+                holder = try FuseSession(inheritedMountpoint: options.mountpoint, options: kernelOptions)
+            } catch {
+                return fail(error.description, ExitStatus.mountFailure)
+            }
+            return serve(
+                options, holder: holder, kernelOptions: kernelOptions, target: target, storeConfiguration: storeConfiguration,
+                fsConfiguration: fsConfiguration, cacheDirectory: cacheDirectory, logger: logger)
+        }
         Utab.forgetStale(target: target, logger: logger)
         Utab.forgetStaleLines(logger: logger)
         let holder: FuseSession
@@ -320,7 +313,7 @@ enum MountCommand {
     ) -> Int32 {
         let incarnation = holder.incarnation
         if incarnation > 0 {
-            logger.notice("worker \(getpid()) serves \(options.mountpoint) in place of a dead one (restart \(incarnation))")
+            logger.notice("worker \(getpid()) serves \(options.mountpoint) in place of the worker before it (restart \(incarnation))")
         }
         let metrics = MountMetrics()
         let store = HTTPObjectStore(
@@ -399,7 +392,7 @@ enum MountCommand {
                 LogSink.stderrOrSyslog(.notice, "SIGUSR1: log level \(level) now")
             }
         }
-        metrics.registry.gauge("cssp_worker_restarts", help: "Workers started in place of a dead one.") {
+        metrics.registry.gauge("cssp_worker_restarts", help: "Workers started in place of another (after a death or a --restart).") {
             Double(incarnation)
         }
         metrics.registry.gauge(
@@ -422,6 +415,13 @@ enum MountCommand {
         HeapTrim.start(logger: logger)
         if options.readAheadMiB > 0 { raiseKernelReadAhead(target, logger: logger) }
         let rc = session.run()
+        if FuseSession.restartRequested {
+            // The mount goes on (`--restart`): what is owed stays journaled for the next worker,
+            // which also takes over the open files.
+            logger.notice("worker \(getpid()) stops for a restart; the supervisor starts the installed binary")
+            if !filesystem.shutdown(deadline: 10) { logger.warning("background work still running 10 s into the restart: abandoned") }
+            return ExitStatus.success
+        }
         Utab.forgetStale(target: target, logger: logger)
         logger.info(
             "unmounted \(options.mountpoint); fetched data held at most \(budget.peak >> 20) MiB at once (memory_mb=\(budget.limit >> 20))")
@@ -440,13 +440,91 @@ enum MountCommand {
 
     /// The first lines of `--status` (issue 40): who holds the mount, who serves it, since when.
     static func processLines(holder: pid_t, incarnation: UInt64, since: Timestamp) -> String {
-        "supervisor: \(holder)\nworker: \(getpid())\nworker started: \(since.utc())\nworker restarts: \(incarnation)\n"
+        "supervisor: \(holder)\nworker: \(getpid())\nworker binary: \(ownBinary())\nworker started: \(since.utc())\n"
+            + "worker restarts: \(incarnation)\n"
             + "kernel resends a dead worker's requests: \(FuseSession.kernelResends ? "yes" : "no")\n"
     }
 
     /// `mount.cssp --unmount MOUNTPOINT`, and umount(8)'s helper: asks the daemon to store what
     /// is owed (up to its drain_timeout), unmounts, and waits for the daemon to exit, so that
     /// `umount` returns once the bytes are stored (or journaled for the next mount).
+    /// The file this process runs (" (deleted)" once an upgrade replaced it).
+    static func ownBinary() -> String {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let n = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        return n > 0 ? String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "unknown"
+    }
+
+    /// `--restart MOUNTPOINT`: the worker makes way for the installed binary; returns once
+    /// another worker serves, and says which.
+    static func restart(_ mountpoint: String, cacheDirectory: String) -> Int32 {
+        func worker() -> String? {
+            guard case .success(let status) = ControlClient.ask("status", mountpoint: mountpoint, callerCacheDirectory: cacheDirectory)
+            else { return nil }
+            return status.split(separator: "\n").first { $0.hasPrefix("worker: ") }.map { String($0.dropFirst(8)) }
+        }
+        guard let before = worker() else {
+            if case .failure(let error) = ControlClient.ask("status", mountpoint: mountpoint, callerCacheDirectory: cacheDirectory) {
+                return fail(error.description, ExitStatus.mountFailure)
+            }
+            return fail("\(mountpoint): the mount's daemon names no worker: it is older than --restart", ExitStatus.mountFailure)
+        }
+        // (The worker may be gone before its answer is: the next one's answer is what counts.)
+        _ = ControlClient.ask("restart", mountpoint: mountpoint, callerCacheDirectory: cacheDirectory)
+        // The next worker answers the control socket once it serves.
+        let deadline = Transfers.monotonic() + 120
+        while Transfers.monotonic() < deadline {
+            if let after = worker(), after != before {
+                guard case .success(let status) = ControlClient.ask("status", mountpoint: mountpoint, callerCacheDirectory: cacheDirectory)
+                else { continue }
+                let binary = status.split(separator: "\n").first { $0.hasPrefix("worker binary: ") }.map { $0.dropFirst(15) } ?? "?"
+                print("\(mountpoint): worker \(after) (\(binary)) serves in place of worker \(before)")
+                return ExitStatus.success
+            }
+            usleep(50_000)  // polling another process's answer, not a synchronisation of ours
+        }
+        return fail("\(mountpoint): no new worker serves 120 s after the restart; see the mount's log", ExitStatus.mountFailure)
+    }
+
+    /// What is wrong with the mountpoint, as an exit status (after its line), or nil: it must
+    /// be a directory and no live csspfs mount. A dead csspfs mount there (its daemon killed)
+    /// is detached first.
+    static func mountpointProblem(_ options: MountOptions, logger: Logger) -> Int32? {
+        var st = stat()
+        var fsStats = statvfs()
+        if statvfs(options.mountpoint, &fsStats) != 0 && errno == ENOTCONN {
+            // A daemon that died (kill -9, the OOM killer) leaves its mount behind, dead. A dead
+            // csspfs mount is detached and mounted again, as an operator would; its owed uploads
+            // are in the spool, and this mount stores them. (statvfs, not stat: the kernel answers
+            // a stat of the dead mount's root from its cache for attr_timeout after the death.)
+            guard isCSSPMount(options.mountpoint, resolvingLast: false) else {
+                return fail(
+                    "\(options.mountpoint) is a dead mount of another filesystem: unmount it first (fusermount3 -uz \(options.mountpoint))",
+                    ExitStatus.usage)
+            }
+            guard detachDeadMount(options.mountpoint) else {
+                return fail(
+                    "\(options.mountpoint) is a dead csspfs mount that cannot be detached: run fusermount3 -uz \(options.mountpoint)",
+                    ExitStatus.mountFailure)
+            }
+            logger.notice("\(options.mountpoint) was a dead csspfs mount (its daemon is gone): detached, mounting again")
+        }
+        guard stat(options.mountpoint, &st) == 0 else {
+            return fail(
+                "mountpoint \(options.mountpoint) does not exist: create it with mkdir -p \(options.mountpoint)",
+                ExitStatus.usage)
+        }
+        guard (st.st_mode & S_IFMT) == S_IFDIR else {
+            return fail("mountpoint \(options.mountpoint) is not a directory", ExitStatus.usage)
+        }
+        if isCSSPMount(options.mountpoint) {
+            return fail(
+                "\(options.mountpoint) is already a csspfs mount: unmount it first (fusermount3 -u \(options.mountpoint))",
+                ExitStatus.usage)
+        }
+        return nil
+    }
+
     static func unmountHelper(_ mountpoint: String, lazy: Bool) -> Int32 {
         var defaults = MountOptions(endpoint: try! Endpoint(parsing: "http://localhost/c"), mountpoint: mountpoint)
         defaults.cacheDirectory = nil
@@ -589,6 +667,10 @@ enum MountCommand {
                 switch ControlQuestion(rawValue: question) {
                 case .stats: return metrics.registry.render()
                 case .status: return processes + filesystem.statusReport()
+                case .restart:
+                    guard FuseSession.requestRestart() else { return "this process is no worker: it cannot restart\n" }
+                    logger.notice("asked to restart: worker \(getpid()) stops once its requests are answered")
+                    return "worker \(getpid()) stops; the supervisor starts the installed binary in its place\n"
                 case .drain:
                     logger.notice("asked to store what is owed before an unmount")
                     let owed = filesystem.drain(timeout: Double(options.drainTimeout)) { logger.warning("unmount: \($0)") }

@@ -104,6 +104,8 @@ public enum Command: Sendable, Equatable {
 
 public enum ControlQuestion: String, Sendable, Equatable {
     case stats, status
+    /// The worker makes way for the installed binary (issue 40): `--restart`.
+    case restart
     /// The unmount helper's question: store what is owed now (answered when done).
     case drain
 }
@@ -141,8 +143,11 @@ public enum Arguments {
             switch argument {
             case "-h", "--help": return .help
             case "-V", "--version": return .version
-            case "--stats", "--status", "--unmount":
-                let question: ControlQuestion = argument == "--stats" ? .stats : argument == "--status" ? .status : .drain
+            case "--stats", "--status", "--unmount", "--restart":
+                let questions: [String: ControlQuestion] = [
+                    "--stats": .stats, "--status": .status, "--unmount": .drain, "--restart": .restart,
+                ]
+                let question = questions[argument]!
                 let rest = positionals + arguments[index...].filter { !$0.hasPrefix("-") }
                 guard rest.count == 1 else {
                     throw ConfigurationError("usage: mount.cssp \(argument) MOUNTPOINT")
@@ -357,6 +362,7 @@ public enum Arguments {
     public static let usage = """
         usage: mount.cssp URL MOUNTPOINT [-o option[,option...]] [-f] [-d]
                mount.cssp --stats MOUNTPOINT | --status MOUNTPOINT | --unmount MOUNTPOINT
+               mount.cssp --restart MOUNTPOINT
 
         Mounts the CSSP container at URL (http(s)://HOST[:PORT]/CONTAINER[/PREFIX]) on MOUNTPOINT.
 
@@ -373,6 +379,8 @@ public enum Arguments {
           --status MOUNTPOINT    its processes, uploads in progress and owed, for people
           --unmount MOUNTPOINT   store what is owed (up to drain_timeout), then unmount; also
                                  what umount(8) runs (as /sbin/umount.cssp)
+          --restart MOUNTPOINT   the mount's worker makes way for the installed mount.cssp
+                                 (after an upgrade): no unmount, open files stay open
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600

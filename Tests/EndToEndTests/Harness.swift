@@ -187,10 +187,11 @@ final class Mount {
     private var lastWorker: pid_t? = nil
 
     /// `url`: the server's URL when not the environment's (a TLS relay in front of it). `at`: an
-    /// existing mountpoint (another `Mount`'s), instead of a new one.
+    /// existing mountpoint (another `Mount`'s), instead of a new one. `binary`: another
+    /// mount.cssp than the environment's (a copy of it, installed elsewhere).
     init(
         _ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:],
-        url: String? = nil, at existing: String? = nil
+        url: String? = nil, at existing: String? = nil, binary: String? = nil
     ) throws {
         let id = UUID().uuidString.prefix(8)
         directory = existing ?? TestScratch.directory + "cssp-e2e-mnt-" + id
@@ -203,7 +204,7 @@ final class Mount {
             close(nullFD)
         }
         let argv = [
-            environment.binary, (url ?? environment.serverURL) + "/" + container, directory, "-f", "-o",
+            binary ?? environment.binary, (url ?? environment.serverURL) + "/" + container, directory, "-f", "-o",
             (["passwd_file=" + environment.passwdFile] + options).joined(separator: ","),
         ]
         child = try Child.spawn(

@@ -10,7 +10,8 @@ import Glibc
 /// CSSP_DEB) installs, mounts through `mount -t cssp` and an fstab line, answers --stats,
 /// unmounts through its umount helper, and `dpkg --purge` leaves none of its files behind.
 /// Issue 19, item 4: a plain `umount` of a plain `mount -t cssp` waits until what is owed is
-/// stored, and no line of a mount is left in /run/mount/utab.
+/// stored, and no line of a mount is left in /run/mount/utab. Issue 40: an upgrade restarts the
+/// running mounts' workers with the new binary.
 @Suite(.serialized)
 struct PackageTests {
     @Test func theDebInstallsMountsAndPurgesWithoutATrace() throws {
@@ -54,6 +55,21 @@ struct PackageTests {
         #expect(try shell("cat \(quoted(directory + "/tree/top.txt"))").stdout == "top\n")
         let stats = try shell("/sbin/mount.cssp --stats \(quoted(directory))")
         #expect(stats.status == 0 && stats.stdout.contains("cssp_requests_total{method=\"GET\",status=\"200\"}"), "\(stats.stderr)")
+        // An upgrade (the same package again): its postinst makes the running mount's worker
+        // give way to the installed binary (issue 40, --restart); a descriptor held open goes on.
+        func worker() throws -> String? {
+            try shell("/sbin/mount.cssp --status \(quoted(directory))").stdout.split(separator: "\n").first { $0.hasPrefix("worker: ") }
+                .map(String.init)
+        }
+        let held = open(directory + "/tree/top.txt", O_RDONLY)
+        let before = try worker()
+        let upgrade = try shell("dpkg -i \(quoted(deb))", environment: ["PATH": "/usr/sbin:/usr/bin:/sbin:/bin"])
+        #expect(upgrade.status == 0 && !upgrade.stderr.contains("still runs"), "\(upgrade.stderr)")
+        let after = try worker()
+        #expect(before != nil && after != nil && after != before, "\(String(describing: before)) then \(String(describing: after))")
+        var buffer = [UInt8](repeating: 0, count: 16)
+        #expect(pread(held, &buffer, 16, 0) == 4 && Array(buffer[0..<4]) == Array("top\n".utf8), "errno \(errno)")
+        #expect(close(held) == 0)
         #expect(try shell("umount \(quoted(directory))").status == 0)
         #expect(!isMounted(directory))
         #expect(utabLines(directory).isEmpty, "\(utabLines(directory))")

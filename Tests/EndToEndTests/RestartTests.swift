@@ -1,5 +1,6 @@
 import Foundation
 import Locking
+import ObjectStoreTesting
 import Testing
 
 #if canImport(Glibc)
@@ -42,6 +43,15 @@ struct RestartTests {
     }
 
     static func read(_ path: String) throws -> [UInt8] { Array(try Data(contentsOf: URL(fileURLWithPath: path))) }
+
+    /// Reads names from a directory stream held open into `seen` (not "." or ".."), until it
+    /// holds `count` or the stream ends.
+    static func readNames(from stream: OpaquePointer, into seen: inout [String], until count: Int) {
+        while seen.count < count, let entry = readdir(stream) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) { String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self)) }
+            if name != "." && name != ".." { seen.append(name) }
+        }
+    }
 
     /// After a kill -9 of the worker the mount is still there: the same files read by path,
     /// the directories list, a new file is written and read back, the supervisor's log says
@@ -174,12 +184,7 @@ struct RestartTests {
             return
         }
         var seen: [String] = []
-        func readNames(_ count: Int) {
-            while seen.count < count, let entry = readdir(stream) {
-                let name = withUnsafePointer(to: entry.pointee.d_name) { String(cString: UnsafeRawPointer($0).assumingMemoryBound(to: CChar.self)) }
-                if name != "." && name != ".." { seen.append(name) }
-            }
-        }
+        func readNames(_ count: Int) { Self.readNames(from: stream, into: &seen, until: count) }
         var read: [UInt8] = []
         func readBytes(_ count: Int) {
             var buffer = [UInt8](repeating: 0, count: count)
@@ -200,6 +205,90 @@ struct RestartTests {
         #expect(seen == names, "\(seen.count) names, \(Set(seen).count) of them different")
         #expect(close(fd) == 0 && closedir(stream) == 0)
         #expect(try mount.unmount() == 0)
+    }
+
+    /// A planned restart (step 4): `mount.cssp --restart` makes the worker answer what it is
+    /// doing and exit, and the supervisor starts the binary installed at the path it was started
+    /// from, here a new copy put over the old one as an upgrade does. A workload by path goes on
+    /// without an error, a descriptor held for appending and one for reading and a directory
+    /// stream go on, the new worker runs the new file, and six restarts in a row are no deaths
+    /// (five would make the supervisor give up).
+    @Test func aRestartStartsTheInstalledBinaryAndNoProgramNotices() throws {
+        let environment = try Environment.load()
+        let (container, _, cache) = try environment.newContainer("restart")
+        defer { try? FileManager.default.removeItem(atPath: cache) }
+        let installed = TestScratch.directory + "installed-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: installed, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: installed) }
+        let binary = installed + "/mount.cssp"
+        try FileManager.default.copyItem(atPath: environment.binary, toPath: binary)
+        let mount = try Mount(environment, container: container, options: ["cache_dir=" + cache], binary: binary)
+        try Self.write(Array("line 0\n".utf8), to: mount.path("d/log"))
+        for i in 0..<200 { try Self.write(Array("name \(i)".utf8), to: mount.path("many/n\(i)")) }
+        let appending = open(mount.path("d/log"), O_WRONLY | O_APPEND)
+        let reading = open(mount.path("d/log"), O_RDONLY)
+        guard appending >= 0, reading >= 0, let stream = opendir(mount.path("many")) else {
+            Issue.record("open: errno \(errno)")
+            return
+        }
+        var seen: [String] = []
+        func readNames(_ count: Int) { Self.readNames(from: stream, into: &seen, until: count) }
+        readNames(20)
+        // The workload: by path, one call after another, each one checked.
+        let failures = Locked<[String]>([])
+        let stop = Locked(false)
+        let directory = mount.directory
+        let thread = Thread {
+            var round = 0
+            while !stop.withLock({ $0 }) {
+                let path = directory + "/w\(round % 7)"
+                let text = "round \(round)"
+                do {
+                    try Self.write(Array(text.utf8), to: path)
+                    if try Self.read(path) != Array(text.utf8) { failures.withLock { $0.append("\(path) read other bytes") } }
+                } catch {
+                    failures.withLock { $0.append("\(path): \(error)") }
+                }
+                round += 1
+            }
+        }
+        thread.start()
+        var logged = Array("line 0\n".utf8)
+        var workers: Set<pid_t> = [try #require(mount.worker())]
+        for restart in 1...6 {
+            // An upgrade: a new file at the installed path (the running one stays, unlinked).
+            try FileManager.default.copyItem(atPath: environment.binary, toPath: binary + ".new")
+            #expect(rename(binary + ".new", binary) == 0)
+            let answer = try shell("\(quoted(binary)) --restart \(quoted(mount.directory))")
+            #expect(answer.status == 0 && answer.stdout.contains("serves in place of worker"), "\(answer)")
+            let worker = try #require(mount.worker())
+            #expect(!workers.contains(worker), "restart \(restart): the same worker serves")
+            workers.insert(worker)
+            let exe = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(worker)/exe")
+            #expect(exe == binary, "restart \(restart): the new worker runs \(exe)")
+            let line = Array("line \(restart)\n".utf8)
+            #expect(Glibc.write(appending, line, line.count) == line.count, "append after restart \(restart): errno \(errno)")
+            logged += line
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            let n = pread(reading, &buffer, buffer.count, 0)
+            #expect(n == logged.count && Array(buffer[0..<max(0, n)]) == logged, "read after restart \(restart): \(n), errno \(errno)")
+            readNames(20 + 30 * restart)
+        }
+        stop.withLock { $0 = true }
+        while !thread.isFinished { usleep(10_000) }
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        readNames(201)
+        #expect(Set(seen) == Set((0..<200).map { "n\($0)" }) && seen.count == 200, "\(seen.count) names")
+        #expect(close(appending) == 0 && close(reading) == 0 && closedir(stream) == 0)
+        let status = try shell("\(quoted(binary)) --status \(quoted(mount.directory))").stdout
+        #expect(status.contains("worker restarts: 6\n") && status.contains("worker binary: \(binary)\n"), "\(status)")
+        let log = mount.stderrText
+        #expect(!log.contains("killed") && !log.contains("no new worker"), "\(log)")
+        #expect(try Self.read(mount.path("d/log")) == logged)
+        #expect(try mount.unmount() == 0)
+        var stored: [UInt8] = []
+        _ = try environment.store(container: container).get(key: "d/log", range: nil) { stored += $0 }
+        #expect(stored == logged)
     }
 
     /// A request the worker did and died before answering (step 3): the kernel sends it again to

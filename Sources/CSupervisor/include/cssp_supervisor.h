@@ -28,6 +28,19 @@ uint64_t cssp_worker_incarnation(void);
 /// The supervisor's pid (in a worker: its parent), 0 before `cssp_supervise`.
 int cssp_supervisor_pid(void);
 
+/// In a process the supervisor started from the installed binary (`--restart`; the variable
+/// CSSP_WORKER names its inherited descriptors): takes the supervisor's shared memory and
+/// /dev/fuse over, so that `cssp_worker_start` serves as a forked worker would. 0 when it did,
+/// 1 when this process is no such worker, -1 when it cannot be one (another layout).
+int cssp_worker_attach(void);
+
+/// Whether the supervisor logs to syslog (a worker started by exec logs as it does).
+int cssp_worker_uses_syslog(void);
+
+/// A worker asks to be replaced by the installed binary once it exits (`--restart`): its end
+/// is then no death. 0, or -1 outside a worker.
+int cssp_worker_request_restart(void);
+
 /// Whether the kernel offered FUSE_HAS_RESEND (known once `cssp_supervise` read the INIT).
 int cssp_kernel_resends(void);
 
