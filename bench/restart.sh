@@ -5,9 +5,11 @@
 # another). Prints, over the kills: the pause a program saw (the longest time between two of
 # the reader's calls returning, around each kill: median, 95th percentile, max), the reader's
 # failed calls by errno, and the resident size of the supervisor and of the last worker.
-# BENCH_MOUNT=PATH measures another mount.cssp.
+# BENCH_MOUNT=PATH measures another mount.cssp. RESTART=1: planned restarts (mount.cssp
+# --restart) instead of kills, back to back (a restart is no death).
 #
 #   KILLS=200 bench/restart.sh
+#   RESTART=1 KILLS=50 bench/restart.sh
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,10 +29,11 @@ mountpoint -q "$MNT" || { cat "$CACHE.log" >&2; exit 1; }
 mkdir -p "$MNT/restart"
 for i in $(seq "$FILES"); do printf 'file %d\n' "$i" >"$MNT/restart/f$i"; done
 
-/usr/bin/python3 - "$MNT/restart" "$SUPERVISOR" "$KILLS" "$FILES" <<'PY'
-import errno, os, signal, statistics, sys, threading, time
+/usr/bin/python3 - "$MNT/restart" "$SUPERVISOR" "$KILLS" "$FILES" "${RESTART:-0}" "$MOUNT" "$MNT" <<'PY'
+import errno, os, signal, statistics, subprocess, sys, threading, time
 
 directory, supervisor, kills, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+restart, binary, mountpoint = sys.argv[5] == "1", sys.argv[6], sys.argv[7]
 done = []            # when each of the reader's calls returned
 failures = {}        # errno name -> count
 stop = threading.Event()
@@ -73,7 +76,10 @@ for _ in range(kills):
         old = worker()
     killed_at = time.monotonic()
     count = len(done)
-    os.kill(old, signal.SIGKILL)
+    if restart:
+        subprocess.run([binary, "--restart", mountpoint], check=True, stdout=subprocess.DEVNULL)
+    else:
+        os.kill(old, signal.SIGKILL)
     # The reader must have come back twice since: the pause is the gap around the kill.
     deadline = killed_at + 30
     while len(done) < count + 2 and time.monotonic() < deadline:
@@ -84,14 +90,15 @@ for _ in range(kills):
     gaps = [b - a for a, b in zip(done[count - 1:count + 2], done[count:count + 2])]
     pauses.append(max(gaps))
     # A fifth death within 30 s gives up (the mount answers EIO): kills 7.6 s apart.
-    while time.monotonic() - killed_at < 7.6:
+    while not restart and time.monotonic() - killed_at < 7.6:
         time.sleep(0.01)
 stop.set()
 thread.join()
 pauses.sort()
 last = worker()
-print("kills %d, reader calls %d, failed calls %s" % (len(pauses), len(done), failures or "none"))
-print("pause around a kill, s: median %.3f, p95 %.3f, max %.3f" % (
+what = "restart" if restart else "kill"
+print("%ss %d, reader calls %d, failed calls %s" % (what, len(pauses), len(done), failures or "none"))
+print("pause around a " + what + ", s: median %.3f, p95 %.3f, max %.3f" % (
     statistics.median(pauses), pauses[int(0.95 * (len(pauses) - 1))], pauses[-1]))
 print("resident: supervisor %.1f MiB, worker %.1f MiB" % (rss(supervisor), rss(last) if last else 0))
 PY
