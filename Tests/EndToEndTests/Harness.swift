@@ -254,6 +254,18 @@ final class Mount {
         return (killed, next)
     }
 
+    /// A planned restart (`mount.cssp --restart`, issue 40): returns once another worker serves.
+    @discardableResult
+    func restartWorker(binary: String) throws -> (stopped: pid_t, next: pid_t) {
+        guard let stopped = worker() else { throw HarnessError("no worker under \(child.pid): \(stderrText)") }
+        let answer = try shell("\(quoted(binary)) --restart \(quoted(directory))")
+        guard answer.status == 0, let next = worker(), next != stopped else {
+            throw HarnessError("--restart: \(answer.status) \(answer.stdout) \(answer.stderr)\n\(stderrText)")
+        }
+        lastWorker = next
+        return (stopped, next)
+    }
+
     /// Waits for the daemon to exit and returns its status. The supervisor's worker ends with
     /// it, a moment later when the supervisor was killed (PR_SET_PDEATHSIG): that too is waited
     /// for, so that the mount is dead (ENOTCONN) once this returns.

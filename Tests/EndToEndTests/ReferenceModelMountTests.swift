@@ -32,7 +32,7 @@ struct ReferenceModelMountTests {
             defer { run.cleanUp() }
             try run.run(operations: operations)
             total += run.operations
-            print("mount reference model: seed \(seed), -o \(run.options.joined(separator: ",")): \(run.operations) operations, \(run.settles) checks once nothing was owed, \(run.kills) kill -9s, \(run.workerKills) of the worker")
+            print("mount reference model: seed \(seed), -o \(run.options.joined(separator: ",")): \(run.operations) operations, \(run.settles) checks once nothing was owed, \(run.kills) kill -9s, \(run.workerKills) of the worker, \(run.restarts) restarts")
         }
         print("mount reference model: \(total) operations over seeds \(seeds)")
     }
@@ -86,6 +86,8 @@ final class MountModelRun {
     /// Daemons killed (SIGKILL) and mounted again (write-back runs).
     var kills = 0
     var workerKills = 0
+    /// Planned restarts (`--restart`) in place of a worker kill.
+    var restarts = 0
     let names = ["a", "b", "c", "d é", "e"]
     let options: [String]
 
@@ -593,11 +595,20 @@ final class MountModelRun {
     /// writing) and directory stream held. The tree shows as it was at once (a worker's death is
     /// a daemon's death without the remount), and again once nothing is owed.
     func killWorker() throws {
+        // One time in four a planned restart (`--restart`) instead: the worker answers what it
+        // serves and exits, and the supervisor starts the installed binary.
+        let planned = Double.random(in: 0..<1, using: &killRandom) < 0.25
         trace.append(
-            "kill -9 the worker, check at once (its successor serves, also the descriptors and streams held), wait until nothing is owed, check"
+            (planned ? "mount.cssp --restart" : "kill -9 the worker")
+                + ", check at once (its successor serves, also the descriptors and streams held), wait until nothing is owed, check"
         )
-        try mount.killWorker()
-        workerKills += 1
+        if planned {
+            try mount.restartWorker(binary: environment.binary)
+            restarts += 1
+        } else {
+            try mount.killWorker()
+            workerKills += 1
+        }
         trace.append("read through every descriptor, read every stream again")
         try checkDescriptors()
         for kept in streams { try rewindAndRead(kept) }
