@@ -199,16 +199,26 @@ pid_alive() {
 }
 
 # The PID of the daemon serving $MNT: the one mount.cssp, rclone or s3fs process with $MNT as
-# an argument (the mount point is a fresh temporary directory, so the match is exact).
+# an argument (the mount point is a fresh temporary directory, so the match is exact). A csspfs
+# mount has two (issue 40): the supervisor, which holds the mount, and its worker, which serves
+# and is the one measured.
 daemon_pid() {
-    local proc comm found=()
+    local proc comm found=() pid
     for proc in /proc/[0-9]*; do
         comm=$(cat "$proc/comm" 2>/dev/null) || continue
-        case $comm in mount.cssp | rclone | s3fs) ;; *) continue ;; esac
+        case $comm in mount.cssp* | rclone | s3fs) ;; *) continue ;; esac
         if tr '\0' '\n' <"$proc/cmdline" 2>/dev/null | grep -qxF -- "$MNT"; then
             found+=("${proc#/proc/}")
         fi
     done
+    if ((${#found[@]} == 2)); then
+        for pid in "${found[@]}"; do
+            if [[ " ${found[*]} " == *" $(awk '/^PPid:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) "* ]]; then
+                echo "$pid"
+                return
+            fi
+        done
+    fi
     ((${#found[@]} == 1)) || die "expected one daemon for $MNT, found: ${found[*]:-none}"
     echo "${found[0]}"
 }
