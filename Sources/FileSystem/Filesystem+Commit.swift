@@ -302,7 +302,7 @@ extension Filesystem {
                     namespace.updateListing(describing: updated, in: &s)
                     if snapshot.dataDirty { recordReaders(following: updated) }
                     // What an upload of the spool would store changed (its base, attributes).
-                    files.withLock { f in recordSpoolHandles(of: open, node: updated, in: &f) }
+                    if configuration.handleLog != nil { files.withLock { f in recordSpoolHandles(of: open, node: updated, in: &f) } }
                 }
                 return stillOwed
             }

@@ -463,7 +463,7 @@ extension Filesystem {
         let handle: FileHandle? = files.withLock { f in f.handles.close(number) }
         // Recorded once done (the upload a spool's last release makes): a release the worker
         // died in is done again by its successor (`Filesystem+HandleLog` subtlety 3).
-        defer { files.withLock { f in recordRelease(number, in: &f) } }
+        defer { if configuration.handleLog != nil { files.withLock { f in recordRelease(number, in: &f) } } }
         guard case .spool(let open, let writable)? = handle else { return }
         detach(open, writable: writable)
     }

@@ -61,7 +61,7 @@ extension Filesystem {
                     try persistAttributes(of: updated)
                 }
                 // The handles on its spool store the new attributes (a successor's upload too).
-                names.withLock { s in recordSpoolHandles(of: inode, in: &s) }
+                if configuration.handleLog != nil { names.withLock { s in recordSpoolHandles(of: inode, in: &s) } }
             }
         }
         return try getattr(inode)
