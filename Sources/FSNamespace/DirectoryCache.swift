@@ -15,7 +15,9 @@ import ObjectStore
 ///    writes it follows), since what the listing shows of it may be another client's newer
 ///    version. A change before it that the listing already shows (the name there, or gone) is
 ///    marked shown and no longer applied: the store caught up, and a later listing that
-///    differs shows another client's change. Only a listing that started before a change no longer journaled is refused, and
+///    differs shows another client's change. What a node learned since a listing (a HEAD) and
+///    gives back to it is a correction, not a change made here: it replaces what a later listing
+///    says of the name and never adds the name to one that lacks it. Only a listing that started before a change no longer journaled is refused, and
 ///    one older than the listing remembered already. Creates from several processes in one
 ///    directory then keep one listing current instead of listing the directory for each name.
 /// 3. A directory that is renamed, removed or forgotten loses its listing and journal (`drop`),
@@ -80,6 +82,9 @@ package struct DirectoryCache {
         /// A listing that started after it showed it: not applied to later listings (rule 2),
         /// kept for the answers from before it (rule 4).
         package var shown = false
+        /// What this mount learned of a name it did not change (`correct`): it replaces what a
+        /// later listing says of the name, and never adds a name that listing lacks.
+        package var correction = false
     }
 
     /// How long a change made here is applied again to later listings (rule 2).
@@ -251,7 +256,8 @@ package struct DirectoryCache {
         // in that version or a newer one another client wrote, unless it lags behind: then a
         // name made here is added, and one removed here is taken out.
         var before: [ExactString: DirectoryEntry?] = [:]
-        for change in journal where change.count <= startedAt && !change.shown && !confirmed.contains(change.name) {
+        for change in journal
+        where change.count <= startedAt && !change.shown && !change.correction && !confirmed.contains(change.name) {
             before[change.name] = change.entry
         }
         for (name, entry) in before {
@@ -261,7 +267,9 @@ package struct DirectoryCache {
                 table[name] = nil
             }
         }
-        for change in journal where change.count > startedAt { table[change.name] = change.entry }
+        for change in journal where change.count > startedAt && (!change.correction || table[change.name] != nil) {
+            table[change.name] = change.entry
+        }
         guard startedAt >= forgottenUpTo[directory] ?? 0, askedAt >= listings[directory]?.askedAt ?? 0 else {
             return (table, false)
         }
@@ -288,7 +296,7 @@ package struct DirectoryCache {
     /// lists is left out of the listing's pages by its reader: not checked.)
     package func madeHereButNotListed(_ directory: InodeNumber, by entries: EntryTable, startedAt: UInt64) -> [ExactString] {
         var latest: [ExactString: DirectoryEntry?] = [:]
-        for change in journals[directory] ?? [] where change.count <= startedAt && !change.shown {
+        for change in journals[directory] ?? [] where change.count <= startedAt && !change.shown && !change.correction {
             latest[change.name] = change.entry
         }
         return latest.compactMap { name, entry in
@@ -308,14 +316,16 @@ package struct DirectoryCache {
     package private(set) var generation: UInt64 = 0
 
     /// A change we made to `name` in `directory` (nil entry: removed), at `now`.
-    package mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?, now: Double) {
+    /// `correction`: not a change made here but what this mount learned of the name since the
+    /// listing (a HEAD): see `Change.correction`.
+    package mutating func record(_ directory: InodeNumber, name: String, entry: DirectoryEntry?, now: Double, correction: Bool = false) {
         generation += 1
         let count = changeCount(directory) + 1
         changes[directory] = count
         listings.apply(name.exact, entry, in: directory)
         touch(directory)
         noteNamesUsed(directory, now: now)
-        let change = Change(count: count, at: now, name: name.exact, entry: entry)
+        let change = Change(count: count, at: now, name: name.exact, entry: entry, correction: correction)
         journals[directory, default: []].append(change)
         latest[directory, default: [:]][name.exact] = change
         prune(directory, now: now)
@@ -561,4 +571,5 @@ package struct EntryTable {
         return result
     }
 }
+
 

@@ -299,12 +299,14 @@ extension Namespace {
             || stored.mode != node.stored.mode || stored.uid != node.stored.uid || stored.gid != node.stored.gid
             || (comparingTimes && stored.mtime != node.stored.mtime)
         else { return }
-        updateListing(describing: node, in: &s)
+        updateListing(describing: node, correction: true, in: &s)
     }
 
     /// Records what we stored for `node` in its directory's listing, if a name still leads to it.
-    package func updateListing(describing node: Node, in s: inout NamespaceTables) {
+    /// `correction`: what the node knows better than the listing, not a change made here (another
+    /// client may have removed the name since: later listings are not given it back).
+    package func updateListing(describing node: Node, correction: Bool = false, in s: inout NamespaceTables) {
         guard s.inodes.child(node.parent, node.name)?.inode == node.inode else { return }
-        s.directories.record(node.parent, name: node.name, entry: node.listingEntry, now: now())
+        s.directories.record(node.parent, name: node.name, entry: node.listingEntry, now: now(), correction: correction)
     }
 }

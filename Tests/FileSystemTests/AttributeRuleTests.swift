@@ -187,6 +187,28 @@ struct AttributeRuleTests {
         #expect(listed.sent["f"]?.size == 14)
     }
 
+    /// A forgotten node that knew more than the remembered listing corrects that listing, and
+    /// the correction is not this mount's change: once another client deleted the object, a
+    /// later listing that lacks the name shows it gone (the reference model, seed 80673: a HEAD
+    /// had shown a newer mode, the object was deleted, the kernel forgot the node).
+    @Test func aForgottenNodesCorrectionDoesNotBringBackANameDeletedElsewhere() throws {
+        let store = FakeObjectStore()
+        seedStored(store, "f", "mine")
+        let fs = makeFilesystem(store)
+        defer { fs.shutdown() }
+        #expect(try fs.names(in: root) == ["f"])
+        let f = try fs.lookup(parent: root, name: "f")
+        // Another client's chmod, which a HEAD shows this mount (the listing still says 0644).
+        store.seed("f", Array("mine".utf8), contentType: "text/plain;cssp-mode=0600;cssp-uid=1000;cssp-gid=100")
+        clock.advance(2)
+        #expect(try fs.getattr(f.inode).permissions == 0o600)
+        try store.delete(key: "f")
+        fs.forget(f.inode, count: 1)
+        // The listing expired, the change journal of this directory did not.
+        clock.advance(4)
+        #expect(try fs.names(in: root) == [])
+    }
+
     /// A change owed on a file whose name now leads to a new file made here is not stored on the
     /// new one, even when both are empty (the same ETag): chmod of `f`, another client deletes it,
     /// this mount makes a socket `f` (the reference model, seed 9938).

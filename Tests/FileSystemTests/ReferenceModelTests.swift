@@ -13,8 +13,9 @@ struct ReferenceModelTests {
     /// Seeds beyond the usual range that once found a bug, run every time: 80207 (a rename of
     /// another tool's file showed the mode header `foreign_attrs=listing` never showed), 80335
     /// (a readdir's listing older than the changes still journaled answered a lookup of a name
-    /// unlinked here).
-    static let regressionSeeds: [UInt64] = [80207, 80335]
+    /// unlinked here), 80673 (a forgotten node's correction of a listing, journaled as a change
+    /// made here, gave a name another client deleted back to the next listing).
+    static let regressionSeeds: [UInt64] = [80207, 80335, 80673]
 
     static func setting(_ name: String) -> UInt64? {
         ProcessInfo.processInfo.environment[name].flatMap { UInt64($0) }
