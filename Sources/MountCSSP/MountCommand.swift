@@ -152,9 +152,14 @@ enum MountCommand {
         let credentials: Credentials
         do {
             credentials = try CredentialLoader.load(
-                endpoint: options.endpoint, passwdFileOption: options.passwdFile, environment: env)
+                endpoint: options.endpoint, passwdFileOption: options.passwdFile, environment: env, profile: options.profile)
         } catch {
             return fail(error.message, ExitStatus.usage)
+        }
+        guard options.endpoint.dialect == .cssp else {
+            return fail(
+                "\(options.endpoint.dialect.rawValue):// is not supported yet (docs/s3-design.md): mount a CSSP URL",
+                ExitStatus.usage)
         }
 
         Curl.globalInit()

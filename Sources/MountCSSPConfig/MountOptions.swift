@@ -12,6 +12,12 @@ public struct MountOptions: Sendable, Equatable {
     public var debug = false
     public var verbose = false
     public var passwdFile: String? = nil
+    /// s3:// and cos://: the server (`endpoint=URL`), the region, path-style addressing forced,
+    /// and the profile of `~/.aws/credentials` (s3://).
+    public var storeEndpoint: String? = nil
+    public var region: String? = nil
+    public var pathStyle = false
+    public var profile: String? = nil
     public var readOnly = false
     public var allowOther = false
     public var allowRoot = false
@@ -189,6 +195,10 @@ public enum Arguments {
                 try apply(option, to: &options)
             }
         }
+        try options.endpoint.resolve(endpoint: options.storeEndpoint, region: options.region, pathStyle: options.pathStyle)
+        if options.profile != nil && options.endpoint.dialect != .s3 {
+            throw ConfigurationError("option 'profile' names a profile of ~/.aws/credentials: it is for s3:// URLs")
+        }
         func resolved(_ path: String) -> String { path.hasPrefix("/") ? path : directory + "/" + path }
         options.mountpoint = resolved(options.mountpoint)
         options.cacheDirectory = options.cacheDirectory.map(resolved)
@@ -281,6 +291,10 @@ public enum Arguments {
         case "ro": options.readOnly = true
         case "rw": options.readOnly = false  // the last of ro/rw wins, as in mount(8)
         case "passwd_file": options.passwdFile = try needValue()
+        case "endpoint": options.storeEndpoint = try needValue()
+        case "region": options.region = try needValue()
+        case "path_style": options.pathStyle = true
+        case "profile": options.profile = try needValue()
         case "allow_other": options.allowOther = true
         case "allow_root": options.allowRoot = true
         case "default_permissions": options.defaultPermissions = true
@@ -364,7 +378,10 @@ public enum Arguments {
                mount.cssp --stats MOUNTPOINT | --status MOUNTPOINT | --unmount MOUNTPOINT
                mount.cssp --restart MOUNTPOINT
 
-        Mounts the CSSP container at URL (http(s)://HOST[:PORT]/CONTAINER[/PREFIX]) on MOUNTPOINT.
+        Mounts the container or bucket at URL on MOUNTPOINT. URL is one of
+          http(s)://HOST[:PORT]/CONTAINER[/PREFIX]   a CSSP container (the Swift API)
+          s3://BUCKET[/PREFIX]                       a bucket of an S3-compatible store
+          cos://BUCKET-APPID[/PREFIX]                a bucket of Tencent COS
 
         flags:
           -f                     stay in the foreground (log to stderr); when mount(8) runs
@@ -384,6 +401,12 @@ public enum Arguments {
 
         options (-o; a comma inside a value is written \\,):
           passwd_file=PATH       credentials file (ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET), mode 600
+          endpoint=URL           s3://, cos://: the server, http(s)://HOST[:PORT], addressed path-style
+                                 (default: AWS's regional endpoint, or COS's for the region)
+          region=REGION          s3://, cos://: the bucket's region (s3 default us-east-1; cos://
+                                 needs it unless endpoint= is given)
+          path_style             s3://, cos://: the bucket in the path, not in the host name
+          profile=NAME           s3://: the profile of ~/.aws/credentials (default $AWS_PROFILE or default)
           ro, rw                 read-only mount (writes fail with EROFS), or not (the default);
                                  the last one given wins
           foreground             as -f, also when mount(8) runs mount.cssp
@@ -458,8 +481,13 @@ public enum Arguments {
           _netdev,nofail,noauto,auto,user,users,nouser,owner,group,defaults,x-*,comment=
                                  ignored (mount(8), fstab, systemd)
 
-        credentials, first found: -o passwd_file, $CSSP_PASSWD_FILE, ~/.passwd-cssp, /etc/passwd-cssp,
-        $CSSP_ACCESS_KEY_ID with $CSSP_SECRET_ACCESS_KEY.
+        credentials, first found:
+          http(s)://  -o passwd_file, $CSSP_PASSWD_FILE, ~/.passwd-cssp, /etc/passwd-cssp,
+                      $CSSP_ACCESS_KEY_ID with $CSSP_SECRET_ACCESS_KEY
+          s3://       -o passwd_file, $AWS_ACCESS_KEY_ID with $AWS_SECRET_ACCESS_KEY (and
+                      $AWS_SESSION_TOKEN), ~/.aws/credentials ($AWS_SHARED_CREDENTIALS_FILE) [profile]
+          cos://      -o passwd_file, $TENCENTCLOUD_SECRET_ID with $TENCENTCLOUD_SECRET_KEY (and
+                      $TENCENTCLOUD_SESSION_TOKEN)
 
         exit status: 0 mounted (with -f: unmounted cleanly), 1 bad arguments or configuration,
         32 the store or the mount failed, 75 unmounted with uploads still owed (journaled).

@@ -137,6 +137,15 @@ struct ArgumentsTests {
         (["http://h", "/m"], "names no container"),
         (["http://h:99999/c", "/m"], "invalid port"),
         (["http://user@h/c", "/m"], "invalid URL"),
+        (["s3://", "/m"], "names no bucket"),
+        (["s3://Big_Bucket", "/m"], "invalid bucket name"),
+        (["cos://examplebucket", "/m", "-o", "region=ap-guangzhou"], "lacks its APPID"),
+        (["cos://examplebucket-1250000000", "/m"], "-o region=REGION"),
+        (["s3://b12", "/m", "-o", "region=Europe West"], "invalid region"),
+        (["s3://b12", "/m", "-o", "endpoint=127.0.0.1:8480"], "invalid endpoint"),
+        (["s3://b12", "/m", "-o", "endpoint=http://h:1/path"], "no path"),
+        (["http://h/c", "/m", "-o", "endpoint=http://h:1"], "for s3:// and cos:// URLs"),
+        (["http://h/c", "/m", "-o", "profile=work"], "for s3:// URLs"),
     ])
     func badInputSaysWhatIsWrong(arguments: [String], fragment: String) {
         do {
@@ -146,6 +155,42 @@ struct ArgumentsTests {
             #expect(error.message.contains(fragment), "\(error.message)")
             #expect(!error.message.contains("\n"))
         }
+    }
+}
+
+/// s3:// and cos:// URLs and the options that say where their server is.
+extension ArgumentsTests {
+    @Test func anS3URLWithAnEndpointIsPathStyleThere() throws {
+        let o = try options(["s3://photos/2026/", "/m", "-o", "endpoint=HTTP://127.0.0.1:8480/"])
+        #expect(o.endpoint.dialect == .s3)
+        #expect(o.endpoint.baseURL == "http://127.0.0.1:8480")
+        #expect(o.endpoint.container == "photos" && o.endpoint.prefix == "2026/")
+        #expect(o.endpoint.pathStyle && o.endpoint.region == "us-east-1")
+        #expect(o.endpoint.url == "s3://photos/2026")
+    }
+
+    @Test func anS3URLWithoutAnEndpointIsAWSVirtualHostStyle() throws {
+        let o = try options(["s3://photos", "/m", "-o", "region=eu-west-1"])
+        #expect(o.endpoint.baseURL == "https://photos.s3.eu-west-1.amazonaws.com" && !o.endpoint.pathStyle)
+        let forced = try options(["s3://photos", "/m", "-o", "path_style"])
+        #expect(forced.endpoint.baseURL == "https://s3.us-east-1.amazonaws.com" && forced.endpoint.pathStyle)
+        // A dot in the bucket would break the certificate's name: path-style.
+        let dotted = try options(["s3://my.photos", "/m"])
+        #expect(dotted.endpoint.pathStyle && dotted.endpoint.baseURL == "https://s3.us-east-1.amazonaws.com")
+    }
+
+    @Test func aCOSURLIsTheBucketsHostInItsRegion() throws {
+        let o = try options(["cos://examplebucket-1250000000/docs", "/m", "-o", "region=ap-guangzhou"])
+        #expect(o.endpoint.dialect == .cos)
+        #expect(o.endpoint.baseURL == "https://examplebucket-1250000000.cos.ap-guangzhou.myqcloud.com")
+        #expect(o.endpoint.container == "examplebucket-1250000000" && o.endpoint.prefix == "docs/")
+        let local = try options(["cos://examplebucket-1250000000", "/m", "-o", "endpoint=http://127.0.0.1:8491"])
+        #expect(local.endpoint.baseURL == "http://127.0.0.1:8491" && local.endpoint.pathStyle)
+    }
+
+    @Test func aCSSPURLIsUnchanged() throws {
+        let o = try options(["http://h:1/c/p", "/m"])
+        #expect(o.endpoint.dialect == .cssp && o.endpoint.url == "http://h:1/c/p")
     }
 }
 
@@ -215,6 +260,94 @@ struct CredentialTests {
 
 /// Every option the parser takes is documented in `--help` and in the man page. The names are
 /// read from the parser's own `switch`, so a new option without documentation fails here.
+struct StoreCredentialTests {
+    let s3 = try! Endpoint(parsing: "s3://photos")
+    let cos = try! Endpoint(parsing: "cos://examplebucket-1250000000")
+
+    func files(_ table: [String: (String, UInt32)]) -> CredentialLoader.FileAccess {
+        CredentialLoader.FileAccess { path in table[path].map { .success((contents: $0.0, mode: $0.1)) } }
+    }
+
+    static let awsFile = """
+        [default]
+        aws_access_key_id = DEFAULTKEY
+        aws_secret_access_key = defaultsecret
+
+        ; another
+        [work]
+        aws_access_key_id=WORKKEY
+        aws_secret_access_key=work/secret
+        aws_session_token=TOKEN
+        """
+
+    @Test func s3TakesTheOptionThenAWSVariablesThenTheProfile() throws {
+        let table = files(["/pw": ("PW:s", 0o100600), "/h/.aws/credentials": (Self.awsFile, 0o100600)])
+        let env = ["AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "e", "AWS_SESSION_TOKEN": "T", "HOME": "/h"]
+        func load(_ option: String?, _ env: [String: String], profile: String? = nil) throws(ConfigurationError) -> Credentials {
+            try CredentialLoader.load(endpoint: s3, passwdFileOption: option, environment: env, profile: profile, fileAccess: table)
+        }
+        #expect(try load("/pw", env).accessKey == "PW")
+        let fromEnvironment = try load(nil, env)
+        #expect(fromEnvironment.accessKey == "ENVKEY" && fromEnvironment.sessionToken == "T")
+        #expect(try load(nil, ["HOME": "/h"]).accessKey == "DEFAULTKEY")
+        let work = try load(nil, ["HOME": "/h"], profile: "work")
+        #expect(work.accessKey == "WORKKEY" && work.secret == "work/secret" && work.sessionToken == "TOKEN")
+        #expect(try load(nil, ["HOME": "/h", "AWS_PROFILE": "work"]).accessKey == "WORKKEY")
+        #expect(!work.description.contains("work/secret") && !work.description.contains("TOKEN"))
+        // CSSP's own files and variables are not an S3 bucket's.
+        let cssp = files(["/h/.passwd-cssp": ("CSSP:s", 0o100600), "/etc/passwd-cssp": ("CSSP:s", 0o100600)])
+        do {
+            _ = try CredentialLoader.load(
+                endpoint: s3, passwdFileOption: nil, environment: ["HOME": "/h", "CSSP_ACCESS_KEY_ID": "C", "CSSP_SECRET_ACCESS_KEY": "s"],
+                fileAccess: cssp)
+            Issue.record("CSSP credentials were used for s3://")
+        } catch {
+            #expect(error.message.contains("AWS_ACCESS_KEY_ID") && error.message.contains("~/.aws/credentials"))
+        }
+    }
+
+    @Test func anAWSCredentialsFileMustBePrivateAndHaveTheProfile() throws {
+        func load(_ table: [String: (String, UInt32)], profile: String?) throws(ConfigurationError) -> Credentials {
+            try CredentialLoader.load(endpoint: s3, passwdFileOption: nil, environment: ["HOME": "/h"], profile: profile, fileAccess: files(table))
+        }
+        #expect(throws: ConfigurationError(
+            "credentials file /h/.aws/credentials is accessible by group or others: run chmod 600 /h/.aws/credentials")) {
+            try load(["/h/.aws/credentials": (Self.awsFile, 0o100644)], profile: nil)
+        }
+        #expect(throws: ConfigurationError("/h/.aws/credentials has no [other] profile: add it, or pass -o profile=NAME")) {
+            try load(["/h/.aws/credentials": (Self.awsFile, 0o100600)], profile: "other")
+        }
+        #expect(throws: ConfigurationError("credentials file /h/.aws/credentials does not exist")) {
+            try load([:], profile: "work")
+        }
+        #expect(throws: ConfigurationError(
+            "profile [default] of /h/.aws/credentials lacks aws_access_key_id or aws_secret_access_key")) {
+            try load(["/h/.aws/credentials": ("[default]\naws_access_key_id=K\n", 0o100600)], profile: nil)
+        }
+    }
+
+    @Test func cosTakesTheOptionThenTencentCloudVariables() throws {
+        let env = ["TENCENTCLOUD_SECRET_ID": "AKID", "TENCENTCLOUD_SECRET_KEY": "k", "HOME": "/h"]
+        let table = files(["/pw": ("cos://examplebucket-1250000000:LINE:s\nDEFAULT:s", 0o100600)])
+        #expect(try CredentialLoader.load(endpoint: cos, passwdFileOption: "/pw", environment: env, fileAccess: table).accessKey == "LINE")
+        #expect(try CredentialLoader.load(endpoint: cos, passwdFileOption: nil, environment: env, fileAccess: table).accessKey == "AKID")
+        do {
+            _ = try CredentialLoader.load(endpoint: cos, passwdFileOption: nil, environment: ["HOME": "/h"], fileAccess: table)
+            Issue.record("no credentials accepted")
+        } catch {
+            #expect(error.message.contains("TENCENTCLOUD_SECRET_ID") && !error.message.contains("\n"))
+        }
+    }
+
+    @Test func aPasswdFileLineNamesItsDialect() throws {
+        let text = "http://h/photos:CSSP:s\ns3://photos:S3:s\ncos://photos-1:COS:s\n"
+        #expect(try CredentialLoader.parse(text, path: "/p", endpoint: s3).accessKey == "S3")
+        #expect(throws: ConfigurationError("/p has no ACCESS_KEY:SECRET line for s3://other")) {
+            try CredentialLoader.parse(text, path: "/p", endpoint: try Endpoint(parsing: "s3://other"))
+        }
+    }
+}
+
 struct OptionDocumentationTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent()
