@@ -1,16 +1,36 @@
 import CCrypto
 
-/// HMAC-SHA1, MD5 and base64 on OpenSSL's libcrypto.
+/// HMAC-SHA1, HMAC-SHA256, SHA-1, SHA-256, MD5 and base64 on OpenSSL's libcrypto.
 enum Digest {
     static func hmacSHA1(key: [UInt8], message: [UInt8]) -> [UInt8] {
+        hmac(EVP_sha1(), key: key, message: message)
+    }
+
+    static func hmacSHA256(key: [UInt8], message: [UInt8]) -> [UInt8] {
+        hmac(EVP_sha256(), key: key, message: message)
+    }
+
+    static func sha1(_ message: [UInt8]) -> [UInt8] { digest(EVP_sha1(), message) }
+
+    static func sha256(_ message: [UInt8]) -> [UInt8] { digest(EVP_sha256(), message) }
+
+    private static func hmac(_ md: OpaquePointer?, key: [UInt8], message: [UInt8]) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
         var length: UInt32 = 0
         let ok = key.withUnsafeBufferPointer { k in
             message.withUnsafeBufferPointer { m in
-                HMAC(EVP_sha1(), k.baseAddress, Int32(k.count), m.baseAddress, m.count, &out, &length)
+                HMAC(md, k.baseAddress, Int32(k.count), m.baseAddress, m.count, &out, &length)
             }
         }
-        precondition(ok != nil, "HMAC-SHA1 failed")
+        precondition(ok != nil, "HMAC failed")
+        return Array(out.prefix(Int(length)))
+    }
+
+    private static func digest(_ md: OpaquePointer?, _ message: [UInt8]) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
+        var length: UInt32 = 0
+        let ok = message.withUnsafeBufferPointer { m in EVP_Digest(m.baseAddress, m.count, &out, &length, md, nil) }
+        precondition(ok == 1, "digest failed")
         return Array(out.prefix(Int(length)))
     }
 

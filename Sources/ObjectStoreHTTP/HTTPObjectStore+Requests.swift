@@ -150,15 +150,44 @@ extension HTTPObjectStore {
         }
     }
 
-    func url(for request: Request) -> String {
-        if let path = request.path { return configuration.baseURL + path }
-        var url = configuration.baseURL + "/" + PercentEncoding.encode(configuration.container, keepSlash: false)
-        if let key = request.key { url += "/" + PercentEncoding.encode(key, keepSlash: true) }
-        var items = request.listingFormat ? ["format=xml"] : []
-        for (name, value) in request.query {
-            items.append(value.isEmpty ? name : "\(name)=\(PercentEncoding.encode(value, keepSlash: false))")
+    /// Where a request goes: its path (encoded, and decoded for signatures) and its query items.
+    struct Target {
+        var encodedPath: String
+        var path: String
+        var query: [(name: String, value: String)]
+    }
+
+    func target(for request: Request) -> Target {
+        if let path = request.path { return Target(encodedPath: path, path: path, query: []) }
+        // Path-style: the container (bucket) is the first segment; virtual-host style: the host.
+        var encoded = configuration.bucketInHost ? "" : "/" + PercentEncoding.encode(configuration.container, keepSlash: false)
+        var path = configuration.bucketInHost ? "" : "/" + configuration.container
+        if let key = request.key {
+            encoded += "/" + PercentEncoding.encode(key, keepSlash: true)
+            path += "/" + key
+        } else if configuration.dialect != .cssp {
+            encoded += "/"
+            path += "/"
         }
+        let format: [(name: String, value: String)] = configuration.dialect == .cssp && request.listingFormat ? [("format", "xml")] : []
+        return Target(encodedPath: encoded, path: path, query: format + request.query.map { (name: $0.0, value: $0.1) })
+    }
+
+    func url(for request: Request) -> String {
+        let target = target(for: request)
+        let items = target.query.map { $0.value.isEmpty ? $0.name : "\($0.name)=\(PercentEncoding.encode($0.value, keepSlash: false))" }
+        let url = configuration.baseURL + target.encodedPath
         return items.isEmpty ? url : url + "?" + items.joined(separator: "&")
+    }
+
+    /// S3's hash of a request's body: that of nothing, of bytes in memory, or none for a file
+    /// (streamed, it would be read twice).
+    func payloadHash(of request: Request) -> String {
+        switch request.body {
+        case nil: return SigV4Signer.emptyPayloadHash
+        case .bytes(let bytes)?: return configuration.dialect == .s3 ? SigV4Signer.payloadHash(of: bytes) : ""
+        case .file?: return SigV4Signer.unsignedPayload
+        }
     }
 
     /// One attempt, counted in the metrics. A failed one takes back the upload progress it made.
@@ -198,22 +227,24 @@ extension HTTPObjectStore {
         defer { context.closeUpload() }
         if request.hashBody { context.md5 = MD5() }
 
-        let date = RequestSigner.httpDate(
-            secondsSinceEpoch: Int(time(nil)) + configuration.clockOffsetSeconds)
+        let now = Int(time(nil)) + configuration.clockOffsetSeconds
         var resource = "/" + configuration.container
         if let key = request.key { resource += "/" + key }
         var headers = request.headers
-        headers.append(("Date", date))
+        headers.append(("Date", RequestSigner.httpDate(secondsSinceEpoch: now)))
         if let contentType = request.contentType { headers.append(("Content-Type", contentType)) }
         if let range = request.range {
             let upper = range.upper >= Int64.max - 1 ? "" : String(range.upper)
             headers.append(("Range", "bytes=\(range.lower)-\(upper)"))
         }
         if request.path == nil {
-            let authorization = configuration.signer.authorization(
-                method: request.method, contentMD5: nil, contentType: request.contentType, date: date,
-                headers: request.headers, resource: resource)
-            headers.append(("Authorization", authorization))
+            // S3 and COS sign the host: it is sent as signed, not left to libcurl.
+            if configuration.dialect != .cssp { headers.append(("Host", configuration.hostHeader)) }
+            let target = target(for: request)
+            let input = SigningInput(
+                method: request.method, encodedPath: target.encodedPath, path: target.path, query: target.query,
+                headers: headers, resource: resource, payloadHash: payloadHash(of: request), time: now)
+            headers += configuration.signer.signingHeaders(for: input)
         }
         // Swift answers 100-continue quickly, but skipping the round trip is faster still.
         headers.append(("Expect", ""))

@@ -13,7 +13,11 @@ public struct HTTPStoreConfiguration: Sendable {
     /// `http(s)://host[:port]`, no trailing slash.
     public var baseURL: String
     public var container: String
-    public var signer: RequestSigner
+    public var signer: any RequestSigning
+    /// The API the server speaks: how URLs, answers and errors look.
+    public var dialect: HTTPDialect = .cssp
+    /// S3 and COS virtual-host style: the bucket is in `baseURL`'s host, not in the path.
+    public var bucketInHost = false
     /// Seconds to wait for a TCP/TLS connection.
     public var connectTimeout: Int = 10
     /// A transfer slower than `lowSpeedLimit` bytes a second for this many seconds fails (and
@@ -47,11 +51,30 @@ public struct HTTPStoreConfiguration: Sendable {
     /// Sent as `User-Agent`, so that a server's access log tells our requests from others'.
     public var userAgent: String? = nil
 
-    public init(baseURL: String, container: String, signer: RequestSigner) {
+    public init(baseURL: String, container: String, signer: any RequestSigning) {
         self.baseURL = baseURL
         self.container = container
         self.signer = signer
     }
+
+    /// The `Host` header of `baseURL` (its authority, without a default port).
+    var hostHeader: String {
+        var authority = Substring(baseURL)
+        for scheme in ["https://", "http://"] where authority.hasPrefix(scheme) { authority = authority.dropFirst(scheme.count) }
+        if baseURL.hasPrefix("https://"), authority.hasSuffix(":443") { authority = authority.dropLast(4) }
+        if baseURL.hasPrefix("http://"), authority.hasSuffix(":80") { authority = authority.dropLast(3) }
+        return String(authority)
+    }
+}
+
+/// The APIs `HTTPObjectStore` and `S3ObjectStore` speak.
+public enum HTTPDialect: Sendable, Equatable {
+    /// CSSP: OpenStack Swift with CSSP signatures.
+    case cssp
+    /// S3, AWS Signature V4.
+    case s3
+    /// Tencent COS's XML API: S3's shape with `x-cos-` headers and its own signature.
+    case cos
 }
 
 /// The CSSP client: libcurl for transport, OpenSSL for signing, shared by all FUSE threads.
