@@ -245,14 +245,11 @@ class FaultRules(object):
         self._counts_stamp = None
         self._counts = {}
 
-    def match(self, method, path, network_only=False):
-        """Returns the rule to apply to this request, or None. ``network_only``:
-        rules that answer with a status are passed over (and not counted)."""
+    def match(self, method, path):
+        """Returns the rule to apply to this request, or None."""
         stamp, rules = self._watcher.get()
         for index, rule in enumerate(rules):
             if not rule.matches(method, path):
-                continue
-            if network_only and rule.status is not None:
                 continue
             if (rule.probability is not None
                     and random.random() >= rule.probability):
@@ -416,9 +413,13 @@ class CsspAuth(object):
 
     def __call__(self, env, start_response):
         if self.pass_other_auth and other_credentials(env):
-            # The network faults (stall, drip, reset) apply to other schemes' requests
-            # too, so that a benchmark slows every client alike; statuses stay CSSP's.
-            rule = self._fault(env, env.get('PATH_INFO', ''), network_only=True)
+            # The fault file applies to other schemes' requests too: a benchmark slows
+            # every client alike, and csspfs's own tests over S3 (s3api) get their
+            # refusals as over CSSP.
+            path = env.get('PATH_INFO', '')
+            rule = self._fault(env, path)
+            if rule is not None and rule.status is not None:
+                return self._injected(env, path, rule)(env, start_response)
             return self._answer(env, start_response, rule)
         if env.get('PATH_INFO') == '/info' and \
                 env.get('REQUEST_METHOD') in ('GET', 'HEAD'):
@@ -441,15 +442,7 @@ class CsspAuth(object):
         if self.faults is not None:
             rule = self._fault(env, path)
             if rule is not None and rule.status is not None:
-                self.logger.info('cssp_auth: injecting %d for %s %s',
-                                 rule.status, env['REQUEST_METHOD'],
-                                 quote(path.encode('latin-1')))
-                response = self._error_response(env, ErrorResponse(
-                    rule.status, 'InjectedFault',
-                    'Fault injected by the test server (fault_file).'))
-                if rule.retry_after is not None:
-                    response.headers['Retry-After'] = str(rule.retry_after)
-                return response(env, start_response)
+                return self._injected(env, path, rule)(env, start_response)
             if rule is not None:
                 self.logger.info('cssp_auth: injecting network faults for %s %s',
                                  env['REQUEST_METHOD'],
@@ -467,6 +460,18 @@ class CsspAuth(object):
         env.pop('HTTP_AUTHORIZATION', None)
         return self._answer(env, start_response, faults)
 
+    def _injected(self, env, path, rule):
+        """The error answer of a fault rule with a status."""
+        self.logger.info('cssp_auth: injecting %d for %s %s',
+                         rule.status, env['REQUEST_METHOD'],
+                         quote(path.encode('latin-1')))
+        response = self._error_response(env, ErrorResponse(
+            rule.status, 'InjectedFault',
+            'Fault injected by the test server (fault_file).'))
+        if rule.retry_after is not None:
+            response.headers['Retry-After'] = str(rule.retry_after)
+        return response
+
     def _answer(self, env, start_response, rule):
         """The next application's answer, with the network faults of ``rule`` (None: none)."""
         if rule is None:
@@ -482,14 +487,14 @@ class CsspAuth(object):
             return self.app(env, start_response)
         return faulty_body(self.app(env, start_response), rule, self.sleep)
 
-    def _fault(self, env, path, network_only=False):
+    def _fault(self, env, path):
         """The fault_file rule for this request, or None."""
         if self.faults is None:
             return None
         try:
             return self.faults.match(
                 env['REQUEST_METHOD'],
-                path.encode('latin-1').decode('utf-8', 'replace'), network_only)
+                path.encode('latin-1').decode('utf-8', 'replace'))
         except (OSError, ValueError) as e:
             self.logger.error('cssp_auth: ignoring fault_file %s: %s',
                               self.faults.path, e)

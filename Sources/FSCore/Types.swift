@@ -290,6 +290,10 @@ package struct DirectoryEntry: Sendable, Equatable {
 }
 
 extension DirectoryEntry {
+    /// A listed object whose listing shows no content type (S3): a file, a symlink, a FIFO or a
+    /// socket, which only a HEAD tells.
+    package var kindUnknown: Bool { kind == .file && contentType.isEmpty }
+
     /// The entry a HEAD's answer describes, as a listing would show it.
     package init(name: String, info: ObjectInfo) {
         let base = StoredAttributes.parse(contentType: info.contentType).base

@@ -90,7 +90,11 @@ package struct Uploader {
         if let unusable = early, unusable.partSize != partSize { store.abortUpload(unusable.session) }
         let early = early.flatMap { $0.partSize == partSize ? $0 : nil }
         let session: UploadSession
-        if let early { session = early.session } else { session = try store.beginUpload(key: key) }
+        if let early {
+            session = early.session
+        } else {
+            session = try store.beginUpload(key: key, contentType: contentType, metadata: metadata)
+        }
         let count = Int((size + partSize - 1) / partSize)
         var reused: [String?] = Array(repeating: nil, count: count)
         if early != nil {

@@ -171,6 +171,12 @@ package final class JournaledStore: ObjectStore {
     package var maximumParts: Int { wrapped.maximumParts }
 
     package func beginUpload(key: String) throws(ObjectStoreError) -> UploadSession { try wrapped.beginUpload(key: key) }
+    package func beginUpload(key: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError)
+        -> UploadSession
+    {
+        try wrapped.beginUpload(key: key, contentType: contentType, metadata: metadata)
+    }
+    package var fixesUploadMetadataAtBegin: Bool { wrapped.fixesUploadMetadataAtBegin }
 
     package func uploadPart(_ session: UploadSession, number: Int, body: PutBody) throws(ObjectStoreError) -> String {
         try wrapped.uploadPart(session, number: number, body: body)

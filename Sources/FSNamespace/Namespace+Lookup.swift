@@ -360,7 +360,8 @@ extension Namespace {
         }
         let parentKey = s.inodes[parent]?.key ?? configuration.rootPrefix
         let linked = s.inodes.link(
-            parent: parent, name: entry.name, kind: entry.kind, key: Self.key(of: entry, below: parentKey), lookups: 1,
+            parent: parent, name: entry.name, kind: Self.kind(of: entry, head: head), key: Self.key(of: entry, below: parentKey),
+            lookups: 1,
             reserved: s.directories.takeReservation(parent, entry.name))
         if let open = s.spools[linked.inode] {
             // The spool describes the file (changes not stored yet): the server's view must not win.
@@ -372,6 +373,13 @@ extension Namespace {
             node.merge(entry, listedAt: listedAt, head: head, fresh: fresh, now: now(), foreign: configuration.foreignAttributes)
         }
         return attributes(of: node ?? linked)
+    }
+
+    /// The kind of a listed object: what its content type says, or, where the listing shows
+    /// none (an S3 listing), what its HEAD's does (a symlink, a FIFO, a socket).
+    package static func kind(of entry: DirectoryEntry, head: HeadAnswer?) -> NodeKind {
+        guard entry.kindUnknown, let info = head?.info else { return entry.kind }
+        return NodeKind.of(baseContentType: StoredAttributes.parse(contentType: info.contentType).base)
     }
 
     /// Whether a listing entry alone describes its object (no HEAD needed): not a directory

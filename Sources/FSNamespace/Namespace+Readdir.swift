@@ -56,7 +56,7 @@ extension Namespace {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, next)
             case .listed(let entry, _, _):
-                let shown = shownInode(entry.name, kind: entry.kind, in: inode)
+                let shown = shownInode(entry.name, kind: entry.kind, in: inode, kindUnknown: entry.kindUnknown)
                 return emit(entry.name, shown.kind, shown.inode, next)
             case .local(let name, let child): return emit(name, .file, shownInode(name, kind: .file, in: inode, local: child).inode, next)
             }
@@ -112,7 +112,7 @@ extension Namespace {
             switch item {
             case .dot(let name, let target): return emit(name, .directory, target, nil, next)
             case .listed(let entry, _, _):
-                let shown = shownInode(entry.name, kind: entry.kind, in: inode)
+                let shown = shownInode(entry.name, kind: entry.kind, in: inode, kindUnknown: entry.kindUnknown)
                 return emit(entry.name, shown.kind, shown.inode, nil, next)
             case .local(let name, let child): return emit(name, .file, child, nil, next)
             }
@@ -175,15 +175,19 @@ extension Namespace {
     /// The kind and inode number readdir shows for `name`: its node's, else one reserved for it,
     /// which the node a later lookup makes will take (so that d_ino and st_ino agree).
     /// `local`: the node of a file being written, which the listing lacks.
+    /// `kindUnknown`: the listing does not say which kind of object (an S3 listing shows no
+    /// content type): a node of any kind but a directory is the name's.
     package func shownInode(
-        _ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil
+        _ name: String, kind: NodeKind, in directory: InodeNumber, local: InodeNumber? = nil, kindUnknown: Bool = false
     ) -> (kind: NodeKind, inode: InodeNumber) {
         names.withLock { s in
             let child = s.inodes.child(directory, name) ?? local.flatMap { s.inodes[$0] }
             // A file being written here is what the name shows, whatever kind of object the store
             // still has there (a write-back rename over it, not stored yet). A node of another
             // kind is the name's old object: a lookup makes a new one.
-            if let node = child, node.kind == kind || (node.kind == .file && s.spools[node.inode] != nil) {
+            if let node = child,
+                node.kind == kind || (node.kind == .file && s.spools[node.inode] != nil) || (kindUnknown && node.kind != .directory)
+            {
                 // One the kernel holds no lookup of may go before the lookup that follows (its
                 // upload ends, the spool retires): the next node for the name takes its number.
                 if node.lookups == 0 { s.directories.reserve(directory, name, node.inode) }

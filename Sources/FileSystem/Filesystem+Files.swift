@@ -405,6 +405,9 @@ extension Filesystem {
     /// (see `EarlyParts`), so that close has less to send.
     private func startEarlyParts(_ open: SpoolFile, writtenEnd: Int64) {
         let multipart = configuration.multipartThreshold
+        // (A store that fixes an upload's metadata when it begins would need a copy of the whole
+        // object at the end to give it the file's: its uploads begin at close.)
+        guard !store.fixesUploadMetadataAtBegin else { return }
         // The key (for --status) is looked up only when a pipeline starts, not at every write.
         let starts = open.state.withLock { $0.size > multipart && $0.earlyParts == nil && !$0.isRemoved }
         let key = starts ? names.withLock { $0.inodes[open.inode]?.key } ?? open.path : open.path

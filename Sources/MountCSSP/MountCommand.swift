@@ -1,5 +1,6 @@
 import CFuse3
 import BlockCache
+import Dispatch
 import FileSystem
 import FuseAdapter
 import Logging
@@ -131,6 +132,63 @@ enum MountCommand {
         return result
     }
 
+    /// How to reach and sign for the store `endpoint` names (its dialect).
+    static func storeConfiguration(_ endpoint: Endpoint, _ credentials: Credentials) -> HTTPStoreConfiguration {
+        let signer: any RequestSigning
+        let dialect: HTTPDialect
+        switch endpoint.dialect {
+        case .cssp:
+            (signer, dialect) = (RequestSigner(accessKey: credentials.accessKey, secret: credentials.secret), .cssp)
+        case .s3:
+            let sigV4 = SigV4Signer(
+                accessKey: credentials.accessKey, secret: credentials.secret, region: endpoint.region,
+                sessionToken: credentials.sessionToken)
+            (signer, dialect) = (sigV4, .s3)
+        case .cos:
+            let cos = COSSigner(accessKey: credentials.accessKey, secret: credentials.secret, sessionToken: credentials.sessionToken)
+            (signer, dialect) = (cos, .cos)
+        }
+        var configuration = HTTPStoreConfiguration(baseURL: endpoint.baseURL, container: endpoint.container, signer: signer)
+        configuration.dialect = dialect
+        configuration.bucketInHost = endpoint.dialect != .cssp && !endpoint.pathStyle
+        return configuration
+    }
+
+    /// In the background: the multipart uploads below `prefix` begun more than a day ago are
+    /// aborted (a mount that ended in the middle of one left it; S3 keeps its parts until then).
+    static func abortStaleUploads(_ store: S3ObjectStore, prefix: String, logger: Logger) {
+        DispatchQueue.global(qos: .utility).async {
+            do throws(ObjectStoreError) {
+                let aborted = try store.abortStaleUploads(prefix: prefix, olderThan: 86_400, now: Double(time(nil)))
+                if aborted > 0 {
+                    logger.notice("aborted \(aborted) multipart uploads below '\(prefix)' begun more than a day ago (left by a mount that ended)")
+                }
+            } catch {
+                logger.warning("cannot list the multipart uploads left below '\(prefix)': \(error.message)")
+            }
+        }
+    }
+
+    /// The store of `endpoint`'s dialect over `configuration`.
+    static func makeStore(
+        _ configuration: HTTPStoreConfiguration, _ endpoint: Endpoint, logger: Logger, maxIdleConnections: Int,
+        metrics: MountMetrics = MountMetrics()
+    ) -> any ObjectStore {
+        switch endpoint.dialect {
+        case .cssp:
+            return HTTPObjectStore(configuration: configuration, logger: logger, maxIdleConnections: maxIdleConnections, metrics: metrics)
+        case .s3, .cos:
+            // COS names a copy's source by the bucket's host; behind endpoint= (path-style) the
+            // bucket is the first segment of the source's path.
+            let host = String(endpoint.baseURL.drop { $0 != "/" }.drop { $0 == "/" })
+            let copySource = endpoint.dialect != .cos ? nil
+                : endpoint.pathStyle ? host + "/" + endpoint.container : host
+            return S3ObjectStore(
+                configuration: configuration, logger: logger, maxIdleConnections: maxIdleConnections, metrics: metrics,
+                copySourceHost: copySource)
+        }
+    }
+
     static func mount(_ options: MountOptions) -> Int32 {
         let levels: [String: Logger.Level] = ["error": .error, "warn": .warning, "notice": .notice, "info": .info, "debug": .debug]
         LogSink.shared.level = options.debug ? .debug : options.logLevel.flatMap { levels[$0] } ?? (options.verbose ? .info : .notice)
@@ -156,16 +214,9 @@ enum MountCommand {
         } catch {
             return fail(error.message, ExitStatus.usage)
         }
-        guard options.endpoint.dialect == .cssp else {
-            return fail(
-                "\(options.endpoint.dialect.rawValue):// is not supported yet (docs/s3-design.md): mount a CSSP URL",
-                ExitStatus.usage)
-        }
 
         Curl.globalInit()
-        var storeConfiguration = HTTPStoreConfiguration(
-            baseURL: options.endpoint.baseURL, container: options.endpoint.container,
-            signer: RequestSigner(accessKey: credentials.accessKey, secret: credentials.secret))
+        var storeConfiguration = Self.storeConfiguration(options.endpoint, credentials)
         storeConfiguration.userAgent = "csspfs/\(Self.version)"
         storeConfiguration.connectTimeout = options.connectTimeout
         storeConfiguration.stallTimeout = options.stallTimeout
@@ -204,13 +255,13 @@ enum MountCommand {
         checkConfiguration.maxAttempts = min(2, storeConfiguration.maxAttempts)
         checkConfiguration.connectTimeout = min(5, storeConfiguration.connectTimeout)
         do {
-            _ = try HTTPObjectStore(configuration: checkConfiguration, logger: logger, maxIdleConnections: 1)
-                .headContainer()
+            _ = try Self.makeStore(checkConfiguration, options.endpoint, logger: logger, maxIdleConnections: 1).headContainer()
         } catch {
             switch error.code {
             case .notFound:
+                let what = options.endpoint.dialect == .cssp ? "container" : "bucket"
                 return fail(
-                    "container '\(options.endpoint.container)' does not exist at \(options.endpoint.baseURL): "
+                    "\(what) '\(options.endpoint.container)' does not exist at \(options.endpoint.baseURL): "
                         + "check the URL", ExitStatus.mountFailure)
             default:
                 return fail(error.message, ExitStatus.mountFailure)
@@ -321,9 +372,11 @@ enum MountCommand {
             logger.notice("worker \(getpid()) serves \(options.mountpoint) in place of the worker before it (restart \(incarnation))")
         }
         let metrics = MountMetrics()
-        let store = HTTPObjectStore(
-            configuration: storeConfiguration, logger: logger, maxIdleConnections: options.maxThreads + 8,
-            metrics: metrics)
+        let store = Self.makeStore(
+            storeConfiguration, options.endpoint, logger: logger, maxIdleConnections: options.maxThreads + 8, metrics: metrics)
+        if incarnation == 0, !options.readOnly, let s3 = store as? S3ObjectStore {
+            Self.abortStaleUploads(s3, prefix: options.endpoint.prefix, logger: logger)
+        }
         var fsConfiguration = fsConfiguration
         fsConfiguration.metrics = metrics
         let blockCache = BlockCache.open(

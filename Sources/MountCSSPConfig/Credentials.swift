@@ -157,7 +157,8 @@ public enum CredentialLoader {
     }
 
     /// Lines `ACCESS_KEY:SECRET` (the default) or `URL:ACCESS_KEY:SECRET` (for that endpoint only);
-    /// `#` starts a comment line. A line for the endpoint wins over the default line.
+    /// `#` starts a comment line. A line for the endpoint wins over the default line. The secret
+    /// is what follows the last colon: an access key may hold colons (`account:user`).
     public static func parse(_ contents: String, path: String, endpoint: Endpoint) throws(ConfigurationError)
         -> Credentials
     {
@@ -168,18 +169,29 @@ public enum CredentialLoader {
             if line.hasSuffix("\r") { line = line.dropLast() }
             let trimmed = line.drop(while: { $0 == " " || $0 == "\t" })
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
-            let fields = line.split(separator: ":", omittingEmptySubsequences: false)
-            guard fields.count >= 2, !fields[fields.count - 1].isEmpty, !fields[fields.count - 2].isEmpty else {
-                throw ConfigurationError(
-                    "\(path) line \(number + 1) is not ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET")
+            let malformed = ConfigurationError(
+                "\(path) line \(number + 1) is not ACCESS_KEY:SECRET or URL:ACCESS_KEY:SECRET")
+            // A URL ends at the first colon of its path (http's port has one before); the secret
+            // follows the last colon, and the access key may hold colons (s3api's account:user).
+            let text = String(line)
+            var rest = Substring(text)
+            var url: String? = nil
+            if let scheme = ["http://", "https://", "s3://", "cos://"].first(where: { text.lowercased().hasPrefix($0) }) {
+                let afterScheme = text.index(text.startIndex, offsetBy: scheme.count)
+                let pathStart = scheme.hasPrefix("http") ? text[afterScheme...].firstIndex(of: "/") : afterScheme
+                guard let pathStart, let colon = text[pathStart...].firstIndex(of: ":") else { throw malformed }
+                url = String(text[..<colon])
+                rest = text[text.index(after: colon)...]
+            }
+            guard let last = rest.lastIndex(of: ":"), last != rest.startIndex, rest.index(after: last) != rest.endIndex else {
+                throw malformed
             }
             let credentials = Credentials(
-                accessKey: String(fields[fields.count - 2]), secret: String(fields[fields.count - 1]), source: source)
-            if fields.count == 2 {
+                accessKey: String(rest[..<last]), secret: String(rest[rest.index(after: last)...]), source: source)
+            guard let url else {
                 if fallback == nil { fallback = credentials }
                 continue
             }
-            let url = fields[0..<(fields.count - 2)].joined(separator: ":")
             guard let lineEndpoint = try? Endpoint(parsing: url) else {
                 throw ConfigurationError("\(path) line \(number + 1): '\(url)' is not a container URL")
             }

@@ -224,6 +224,16 @@ public protocol ObjectStore: Sendable {
     /// Begins an upload in parts of an object meant for `key`.
     func beginUpload(key: String) throws(ObjectStoreError) -> UploadSession
 
+    /// Begins an upload whose object will have this content type and metadata. A store that
+    /// fixes them when an upload begins (`fixesUploadMetadataAtBegin`, S3) stores them so; one
+    /// that takes them at `finishUpload` (Swift) ignores them here.
+    func beginUpload(key: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError) -> UploadSession
+
+    /// Whether an upload's content type and metadata are fixed when it begins (S3): an upload
+    /// begun before they are known (while the file is still written) would need a copy of the
+    /// whole object at its end to get them, so callers begin it when they know them.
+    var fixesUploadMetadataAtBegin: Bool { get }
+
     /// Stores part `number` (from 1) of the upload; returns its ETag (the MD5 of its bytes),
     /// checked. Parts may go up in any order, several at once; a part sent again replaces it.
     func uploadPart(_ session: UploadSession, number: Int, body: PutBody) throws(ObjectStoreError) -> String
@@ -319,6 +329,14 @@ extension ObjectStore {
 
 extension ObjectStore {
     public var bulkDeleteLimit: Int? { nil }
+
+    public func beginUpload(key: String, contentType: String?, metadata: [String: String]) throws(ObjectStoreError)
+        -> UploadSession
+    {
+        try beginUpload(key: key)
+    }
+
+    public var fixesUploadMetadataAtBegin: Bool { false }
 
     public var honoursIfNoneMatch: Bool { false }
 

@@ -343,10 +343,22 @@ extension HTTPObjectStore {
     func error(for response: Response, request: Request) -> ObjectStoreError {
         let status = response.status
         let requestID = response.headers["x-trans-id"] ?? response.headers["x-openstack-request-id"]
-        let what = request.key.map { "'\($0)'" } ?? "container '\(configuration.container)'"
+            ?? response.headers["x-amz-request-id"] ?? response.headers["x-cos-request-id"]
+        let what = request.key.map { "'\($0)'" }
+            ?? (configuration.dialect == .cssp ? "container" : "bucket") + " '\(configuration.container)'"
         let detail = ListingParser.parseError(response.body)
         func make(_ code: ObjectStoreError.Code, _ message: String) -> ObjectStoreError {
             ObjectStoreError(code, message, httpStatus: status, requestID: requestID)
+        }
+        // S3 and COS say more in their error codes than in their statuses.
+        switch detail?.code {
+        case "NoSuchBucket"?: return make(.notFound, "bucket '\(configuration.container)' does not exist")
+        case "BadDigest"?, "InvalidDigest"?:
+            return make(.checksumMismatch, "the server received different bytes than were sent for \(what)")
+        case "SlowDown"?: return make(.throttled, "the server is throttling requests")
+        case "FileAlreadyExists"?, "ObjectAlreadyExists"?, "PreconditionFailed"?:
+            return make(.preconditionFailed, "\(what) changed on the server")
+        default: break
         }
         switch status {
         case 401, 403:
@@ -400,8 +412,8 @@ extension HTTPObjectStore {
         return abs(signedWith - server) > 15 * 60
     }
 
-    func objectInfo(key: String, response: Response) throws(ObjectStoreError) -> ObjectInfo {
-        let h = response.headers
+    /// The object's size as a HEAD or GET answer states it (a range's total, not its length).
+    static func objectSize(_ h: [String: String], key: String) throws(ObjectStoreError) -> Int64 {
         var size: Int64 = 0
         if let length = h["content-length"] {
             guard let parsed = Self.size(length) else { throw Self.impossible("size '\(length)'", key) }
@@ -412,6 +424,23 @@ extension HTTPObjectStore {
             guard let parsed = Self.size(total) else { throw Self.impossible("size '\(total)'", key) }
             size = parsed
         }
+        return size
+    }
+
+    /// A GET of `range` of `key` whose body streams to `sink`.
+    func getResponse(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
+        -> Response
+    {
+        var request = Request(method: "GET", key: key)
+        request.range = range
+        return try withoutActuallyEscaping(sink) { (escapable) throws(ObjectStoreError) in
+            try send(request, sink: escapable)
+        }
+    }
+
+    func objectInfo(key: String, response: Response) throws(ObjectStoreError) -> ObjectInfo {
+        let h = response.headers
+        let size = try Self.objectSize(h, key: key)
         var metadata: [String: String] = [:]
         for (name, value) in h where name.hasPrefix("x-object-meta-") {
             metadata[String(name.dropFirst("x-object-meta-".count))] = value

@@ -149,27 +149,27 @@ public final class HTTPObjectStore: ManifestStore {
     public func get(key: String, range: ByteRange?, sink: (UnsafeRawBufferPointer) -> Void) throws(ObjectStoreError)
         -> ObjectInfo
     {
-        var request = Request(method: "GET", key: key)
-        request.range = range
-        let response = try withoutActuallyEscaping(sink) { (escapable) throws(ObjectStoreError) in
-            try send(request, sink: escapable)
-        }
-        return try objectInfo(key: key, response: response)
+        try objectInfo(key: key, response: try getResponse(key: key, range: range, sink: sink))
     }
 
     @discardableResult
     public func put(key: String, body: PutBody, contentType: String?, metadata: [String: String], onlyIfAbsent: Bool)
         throws(ObjectStoreError) -> String
     {
-        var request = Request(method: "PUT", key: key)
-        request.body = body
-        request.contentType = contentType ?? "application/octet-stream"
-        let etag = try Self.md5(of: body)
+        var (request, etag) = try Self.putRequest(key: key, body: body, contentType: contentType)
         request.headers.append(("ETag", etag))
         if onlyIfAbsent { request.headers.append(("If-None-Match", "*")) }
         request.headers += Self.metadataHeaders(metadata)
         _ = try send(request)
         return etag
+    }
+
+    /// A PUT of `body` and the body's MD5 (hex), read before it is sent.
+    static func putRequest(key: String, body: PutBody, contentType: String?) throws(ObjectStoreError) -> (Request, String) {
+        var request = Request(method: "PUT", key: key)
+        request.body = body
+        request.contentType = contentType ?? "application/octet-stream"
+        return (request, try md5(of: body))
     }
 
     /// A part is hashed while it is sent and checked against the ETag the server computed, instead

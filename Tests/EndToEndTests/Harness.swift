@@ -57,6 +57,30 @@ struct Environment {
         return (name, store, TestScratch.directory + "cssp-e2e-cache-" + name)
     }
 
+    /// The store API mounts use unless a test names one: `CSSP_E2E_DIALECT` (cssp, the
+    /// default, or s3: the same server through Swift's s3api).
+    static var dialect: StoreDialect {
+        ProcessInfo.processInfo.environment["CSSP_E2E_DIALECT"].flatMap(StoreDialect.init(rawValue:)) ?? .cssp
+    }
+
+    /// A passwd file of the S3 peer key scripts/cssp-server made (`account:user:secret`), mode 600.
+    func s3PasswdFile() throws -> String {
+        let env = ProcessInfo.processInfo.environment
+        guard let key = env["CSSP_PEER_USER"], let secret = env["CSSP_PEER_KEY"] else {
+            throw HarnessError("CSSP_PEER_USER and CSSP_PEER_KEY are not set: run through scripts/test")
+        }
+        let path = TestScratch.directory + "passwd-s3"
+        if !FileManager.default.fileExists(atPath: path) {
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            if fd >= 0 {
+                let line = key + ":" + secret + "\n"
+                _ = line.withCString { write(fd, $0, strlen($0)) }
+                close(fd)
+            }
+        }
+        return path
+    }
+
     /// A client of `container`, at `url` when given (a relay in front of the server).
     func store(container: String, url: String? = nil) -> HTTPObjectStore {
         Curl.globalInit()
@@ -189,9 +213,11 @@ final class Mount {
     /// `url`: the server's URL when not the environment's (a TLS relay in front of it). `at`: an
     /// existing mountpoint (another `Mount`'s), instead of a new one. `binary`: another
     /// mount.cssp than the environment's (a copy of it, installed elsewhere).
+    /// `dialect`: the API to mount the container through (s3: `s3://CONTAINER` with
+    /// `endpoint=` the server, through its s3api).
     init(
         _ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:],
-        url: String? = nil, at existing: String? = nil, binary: String? = nil
+        url: String? = nil, at existing: String? = nil, binary: String? = nil, dialect: StoreDialect = Environment.dialect
     ) throws {
         let id = UUID().uuidString.prefix(8)
         directory = existing ?? TestScratch.directory + "cssp-e2e-mnt-" + id
@@ -203,10 +229,19 @@ final class Mount {
             close(errorFD)
             close(nullFD)
         }
-        let argv = [
-            binary ?? environment.binary, (url ?? environment.serverURL) + "/" + container, directory, "-f", "-o",
-            (["passwd_file=" + environment.passwdFile] + options).joined(separator: ","),
-        ]
+        let source: String
+        var mountOptions: [String]
+        switch dialect {
+        case .cssp:
+            source = (url ?? environment.serverURL) + "/" + container
+            mountOptions = ["passwd_file=" + environment.passwdFile]
+        case .s3, .cos:
+            source = "s3://" + container
+            mountOptions = ["passwd_file=" + (try environment.s3PasswdFile()), "endpoint=" + (url ?? environment.serverURL)]
+        }
+        // (A test's own passwd_file wins: the last one given does.)
+        mountOptions += options
+        let argv = [binary ?? environment.binary, source, directory, "-f", "-o", mountOptions.joined(separator: ",")]
         child = try Child.spawn(
             argv, environment: ProcessInfo.processInfo.environment.merging(extraEnvironment) { $1 }, stdout: nullFD,
             stderr: errorFD)

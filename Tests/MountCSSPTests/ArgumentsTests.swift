@@ -339,6 +339,15 @@ struct StoreCredentialTests {
         }
     }
 
+    @Test func anAccessKeyMayHoldColons() throws {
+        let plain = try CredentialLoader.parse("account:user:se/cret\n", path: "/p", endpoint: s3)
+        #expect(plain.accessKey == "account:user" && plain.secret == "se/cret")
+        let forBucket = try CredentialLoader.parse("s3://photos:account:user:k\nD:s\n", path: "/p", endpoint: s3)
+        #expect(forBucket.accessKey == "account:user" && forBucket.secret == "k")
+        let cssp = try Endpoint(parsing: "http://h:8490/c")
+        #expect(try CredentialLoader.parse("http://h:8490/c:a:b:c\n", path: "/p", endpoint: cssp).accessKey == "a:b")
+    }
+
     @Test func aPasswdFileLineNamesItsDialect() throws {
         let text = "http://h/photos:CSSP:s\ns3://photos:S3:s\ncos://photos-1:COS:s\n"
         #expect(try CredentialLoader.parse(text, path: "/p", endpoint: s3).accessKey == "S3")
