@@ -52,7 +52,8 @@
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb csspfs-listing rclone-default
 # rclone-tuned s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback, csspfs-listing
-# csspfs with -o foreign_attrs=listing); WORKLOADS (read fio write create creates4 ls rsync rsync1
+# csspfs with -o foreign_attrs=listing; csspfs-s3, only when named, csspfs over s3:// through the
+# same s3api as s3fs); WORKLOADS (read fio write create creates4 ls rsync rsync1
 # rmrf find findtree; walk, lshuge, fwalk, flshuge and visibility only when named);
 # FIO_SECONDS (20); WALK_LIMIT (600); VIS_CHANGES (100), VIS_LIMIT (10 s) and VIS_IDLE (30 s)
 # for visibility; WAIT_TIMEOUT
@@ -229,6 +230,8 @@ mount_command() {
         csspfs) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE"${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         csspfs-wb) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",writeback${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         csspfs-listing) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",foreign_attrs=listing${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
+        csspfs-s3) AWS_ACCESS_KEY_ID=$CSSP_PEER_USER AWS_SECRET_ACCESS_KEY=$CSSP_PEER_KEY \
+            "$MOUNT" "s3://$CONTAINER" "$MNT" -o endpoint="$CSSP_SERVER_URL",cache_dir="$CACHE"${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         rclone-default | rclone-tuned)
             local tuned=()
             [[ $TOOL_NAME == rclone-tuned ]] && tuned=("${RCLONE_TUNED[@]}")

@@ -68,6 +68,13 @@ public final class S3ObjectStore: ObjectStore {
     }
 
     public func list(prefix: String, delimiter: String?, marker: String?, limit: Int) throws(ObjectStoreError) -> ListPage {
+        try list(prefix: prefix, delimiter: delimiter, marker: marker, endMarker: nil, limit: limit)
+    }
+
+    /// S3 has no `end_marker`: the requests stop once a page reaches it, and the page is cut there.
+    public func list(prefix: String, delimiter: String?, marker: String?, endMarker: String?, limit: Int)
+        throws(ObjectStoreError) -> ListPage
+    {
         precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
         var entries: [ListEntry] = []
         var after = marker
@@ -98,8 +105,9 @@ public final class S3ObjectStore: ObjectStore {
                 break
             }
             after = last
+            if let endMarker, !last.utf8.lexicographicallyPrecedes(endMarker.utf8) { break }
         }
-        return ListPage(entries: entries, nextMarker: truncated ? entries.last?.name : nil)
+        return ListPage(entries: entries, nextMarker: truncated ? entries.last?.name : nil).ending(before: endMarker)
     }
 
     /// Where a listing goes on after `name`: after every key below it when it is a common prefix.

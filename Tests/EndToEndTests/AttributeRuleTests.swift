@@ -41,8 +41,9 @@ struct AttributeRuleTests {
         /// Mode 0600 at `path`, made by `command` (default: `chmod 600 PATH`).
         static func mode600(_ path: String = "f", by command: String? = nil) -> Change {
             let command = command ?? "chmod 600 \(path)"
+            let stored = Environment.storedMode(0o600)
             return Change(name: command, command: command, path: path, format: "%a", shows: "600", key: path) {
-                $0.metadata["mode"] == "0600"
+                $0.metadata["mode"] == stored
             }
         }
 

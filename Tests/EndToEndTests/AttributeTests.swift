@@ -41,7 +41,16 @@ struct AttributeTests {
         // first listing is remembered.
         #expect(requests["POST", default: 0] <= 2, "\(requests)")
         #expect(requests["DELETE", default: 0] == files, "\(requests)")
-        #expect(total <= 3 * files + 12, "\(requests)")
+        switch Environment.dialect {
+        case .cssp:
+            // (Listings of the container are not counted: their paths name no key.)
+            #expect(total <= 3 * files + 12, "\(requests)")
+        case .s3, .cos:
+            // Listings are left out here too. s3api ignores If-None-Match: a HEAD before each
+            // new name's PUT.
+            let listings = try scene.environment.clientRequests(containing: "list-type", since: started)
+            #expect(total - listings <= 4 * files + 12, "\(requests), \(listings) of them listings")
+        }
         // What rsync set is what the server holds: another mount shows the same tree.
         let again = try scene.mount()
         let expected = try WriteTests.statList(source)
@@ -64,7 +73,7 @@ struct AttributeTests {
             """)
         #expect(changed.status == 0, "\(changed.stderr)")
         let before = try scene.store.raw.head(key: "f")
-        #expect(before.metadata["mode"] == "0644", "stored at once, not owed: \(before.metadata)")
+        #expect(before.metadata["mode"] == Environment.storedMode(0o644), "stored at once, not owed: \(before.metadata)")
         kill(first.child.pid, SIGKILL)
         _ = first.waitForExit()
         try withExtendedLifetime(first) {
@@ -72,11 +81,11 @@ struct AttributeTests {
                 scene.environment, container: scene.container, options: ["cache_dir=" + scene.cache], at: first.directory)
             let deadline = Date().addingTimeInterval(60)
             var stored = try scene.store.raw.head(key: "f")
-            while stored.metadata["mode"] != "0600" && Date() < deadline {
+            while stored.metadata["mode"] != Environment.storedMode(0o600) && Date() < deadline {
                 usleep(100_000)
                 stored = try scene.store.raw.head(key: "f")
             }
-            #expect(stored.metadata["mode"] == "0600", "\(stored.metadata) \(second.stderrText)")
+            #expect(stored.metadata["mode"] == Environment.storedMode(0o600), "\(stored.metadata) \(second.stderrText)")
             #expect(stored.metadata["mtime"]?.hasPrefix("1623053350.25") == true, "\(stored.metadata)")
             let shown = try shell("stat -c '%a %Y' \(quoted(second.path("f")))")
             #expect(shown.stdout == "600 1623053350\n", "\(shown.stdout)")

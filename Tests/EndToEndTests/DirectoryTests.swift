@@ -44,7 +44,9 @@ struct DirectoryTests {
         // At most one request per create beyond its upload (the server's own count).
         let sent = try environment.clientRequests(container: container, since: since)
         let others = sent.filter { $0.key != "PUT" }.values.reduce(0, +)
-        #expect(sent["PUT"] == 4 * perProcess && others <= 4 * perProcess, "\(sent)")
+        // Over S3 (s3api ignores If-None-Match), a HEAD before each new name's PUT besides.
+        let perCreate = Environment.dialect == .cssp ? 1 : 2
+        #expect(sent["PUT"] == 4 * perProcess && others <= perCreate * 4 * perProcess, "\(sent)")
         #expect(try shell("ls \(d) | wc -l").stdout == "\(4 * perProcess)\n")
         // Every name readdir shows has the inode its stat shows (the kernel still holds the
         // names it created).

@@ -58,9 +58,16 @@ struct Environment {
     }
 
     /// The store API mounts use unless a test names one: `CSSP_E2E_DIALECT` (cssp, the
-    /// default, or s3: the same server through Swift's s3api).
+    /// default; s3: the same server through Swift's s3api; cos: through the COS front, for
+    /// containers named BUCKET-APPID).
     static var dialect: StoreDialect {
         ProcessInfo.processInfo.environment["CSSP_E2E_DIALECT"].flatMap(StoreDialect.init(rawValue:)) ?? .cssp
+    }
+
+    /// How the mount stores permissions `mode` in `X-Object-Meta-Mode` (`x-amz-meta-mode`):
+    /// CSSP's octal permissions, or over S3 s3fs's decimal `st_mode` of a file.
+    static func storedMode(_ mode: UInt16) -> String {
+        dialect == .cssp ? "0" + String(mode, radix: 8) : String(0o100000 | UInt32(mode))
     }
 
     /// A passwd file of the S3 peer key scripts/cssp-server made (`account:user:secret`), mode 600.
@@ -214,7 +221,7 @@ final class Mount {
     /// existing mountpoint (another `Mount`'s), instead of a new one. `binary`: another
     /// mount.cssp than the environment's (a copy of it, installed elsewhere).
     /// `dialect`: the API to mount the container through (s3: `s3://CONTAINER` with
-    /// `endpoint=` the server, through its s3api).
+    /// `endpoint=` the server, through its s3api; cos: `cos://CONTAINER` through the COS front).
     init(
         _ environment: Environment, container: String, options: [String] = [], extraEnvironment: [String: String] = [:],
         url: String? = nil, at existing: String? = nil, binary: String? = nil, dialect: StoreDialect = Environment.dialect
@@ -235,9 +242,13 @@ final class Mount {
         case .cssp:
             source = (url ?? environment.serverURL) + "/" + container
             mountOptions = ["passwd_file=" + environment.passwdFile]
-        case .s3, .cos:
+        case .s3:
             source = "s3://" + container
             mountOptions = ["passwd_file=" + (try environment.s3PasswdFile()), "endpoint=" + (url ?? environment.serverURL)]
+        case .cos:
+            // Through the COS front, which checks every COS signature and forwards to s3api.
+            source = "cos://" + container
+            mountOptions = ["passwd_file=" + (try environment.s3PasswdFile()), "endpoint=" + (try url ?? environment.cosURL())]
         }
         // (A test's own passwd_file wins: the last one given does.)
         mountOptions += options
