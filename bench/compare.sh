@@ -52,8 +52,8 @@
 #
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb csspfs-listing rclone-default
 # rclone-tuned s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback, csspfs-listing
-# csspfs with -o foreign_attrs=listing; csspfs-s3, only when named, csspfs over s3:// through the
-# same s3api as s3fs); WORKLOADS (read fio write create creates4 ls rsync rsync1
+# csspfs with -o foreign_attrs=listing; only when named: csspfs-s3, csspfs over s3:// through the
+# same s3api as s3fs, and rclone-s3-tuned, rclone mount tuned with its S3 backend on that s3api); WORKLOADS (read fio write create creates4 ls rsync rsync1
 # rmrf find findtree; walk, lshuge, fwalk, flshuge and visibility only when named);
 # FIO_SECONDS (20); WALK_LIMIT (600); VIS_CHANGES (100), VIS_LIMIT (10 s) and VIS_IDLE (30 s)
 # for visibility; WAIT_TIMEOUT
@@ -73,8 +73,8 @@
 #    The isolated cache directory is not a tuning; the tuned options are in TUNED below.
 # 3. Seeds persist in the server's container "compare" and are checked, not trusted:
 #    seed/big-1g, seed/many/ (10 000 objects; seeding takes minutes), and one rsync tree per
-#    peer (rsync-csspfs/, rsync-rclone/, rsync-s3fs/), written by an untimed first rsync when
-#    the server does not hold it yet. The 1000-file source is made deterministic (content and
+#    peer and API (rsync-csspfs/, rsync-csspfs-s3/, rsync-rclone/, rsync-rclone-s3/,
+#    rsync-s3fs/), written by an untimed first rsync when the server does not hold it yet. The 1000-file source is made deterministic (content and
 #    mtime) so that trees from an earlier run still match it; the re-run's transfer count
 #    (reported if not 0) checks that.
 # 4. Write workloads write below w-<tool>/ and delete it after each run, with the parts of
@@ -90,6 +90,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CSSP_SERVER_DIR=${COMPARE_SERVER_DIR:-$REPO/.work/compare-server}
 export CSSP_SERVER_PORT=${COMPARE_SERVER_PORT:-8470}
 ALL_TOOLS="ceiling csspfs csspfs-wb csspfs-listing rclone-default rclone-tuned s3fs-default s3fs-tuned"
+NAMED_TOOLS="csspfs-s3 rclone-s3-tuned" # measured only when named
 TOOLS=${ONLY:-${TOOLS:-$ALL_TOOLS}}
 WORKLOADS=${WORKLOADS:-read fio write create creates4 ls rsync rsync1 rmrf find findtree}
 FIO_SECONDS=${FIO_SECONDS:-20}
@@ -109,7 +110,7 @@ die() {
 }
 note() { echo "compare: $*" >&2; }
 
-for t in $TOOLS; do [[ " $ALL_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS)"; done
+for t in $TOOLS; do [[ " $ALL_TOOLS $NAMED_TOOLS " == *" $t "* ]] || die "unknown tool $t (known: $ALL_TOOLS $NAMED_TOOLS)"; done
 for w in $WORKLOADS; do
     [[ " read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge fwalk flshuge visibility " == *" $w "* ]] ||
         die "unknown workload $w (read fio write create creates4 ls rsync rsync1 rmrf find findtree walk lshuge fwalk flshuge visibility)"
@@ -157,6 +158,10 @@ mkdir -p "$MNT"
 export RCLONE_CONFIG_CSSP_TYPE=swift RCLONE_CONFIG_CSSP_AUTH=$CSSP_PEER_AUTH_URL
 export RCLONE_CONFIG_CSSP_USER=$CSSP_PEER_USER RCLONE_CONFIG_CSSP_KEY=$CSSP_PEER_KEY
 : >"$WORK/rclone.conf"
+# rclone-s3-tuned: the S3 backend on the s3api csspfs-s3 and s3fs use.
+export RCLONE_CONFIG_CSSPS3_TYPE=s3 RCLONE_CONFIG_CSSPS3_PROVIDER=Other RCLONE_CONFIG_CSSPS3_ENDPOINT=$CSSP_SERVER_URL
+export RCLONE_CONFIG_CSSPS3_FORCE_PATH_STYLE=true RCLONE_CONFIG_CSSPS3_REGION=us-east-1
+export RCLONE_CONFIG_CSSPS3_ACCESS_KEY_ID=$CSSP_PEER_USER RCLONE_CONFIG_CSSPS3_SECRET_ACCESS_KEY=$CSSP_PEER_KEY
 
 # What a user would tune; see bench/RESULTS.md ("Issue 4") for the reasons.
 RCLONE_TUNED=(--vfs-cache-mode full --vfs-write-back 0s --buffer-size 32M --vfs-read-ahead 128M
@@ -232,6 +237,11 @@ mount_command() {
         csspfs-listing) "$MOUNT" "$URL" "$MNT" -o passwd_file="$CSSP_PASSWD_FILE",cache_dir="$CACHE",foreign_attrs=listing${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
         csspfs-s3) AWS_ACCESS_KEY_ID=$CSSP_PEER_USER AWS_SECRET_ACCESS_KEY=$CSSP_PEER_KEY \
             "$MOUNT" "s3://$CONTAINER" "$MNT" -o endpoint="$CSSP_SERVER_URL",cache_dir="$CACHE"${CSSPFS_EXTRA:+,$CSSPFS_EXTRA} ;;
+        rclone-s3-tuned)
+            # (rclone 1.60's S3 backend refuses any AWS_CA_BUNDLE, which some machines set.)
+            env -u AWS_CA_BUNDLE rclone mount "cssps3:$CONTAINER" "$MNT" --daemon --config "$WORK/rclone.conf" \
+                --cache-dir "$CACHE" --log-file "$OUT/logs/$TOOL_NAME.rclone.log" "${RCLONE_TUNED[@]}"
+            ;;
         rclone-default | rclone-tuned)
             local tuned=()
             [[ $TOOL_NAME == rclone-tuned ]] && tuned=("${RCLONE_TUNED[@]}")
@@ -453,8 +463,15 @@ seed_rsync_tree() {
     fi
 }
 
+# The rsync tree of the tool under test: one per peer, and one per API for csspfs and rclone
+# (over S3 a listing shows no attributes: the re-run finds what HEADs say).
+rsync_tree() {
+    case $TOOL_NAME in *-s3*) echo "rsync-${TOOL_NAME%%-*}-s3" ;; *) echo "rsync-${TOOL_NAME%%-*}" ;; esac
+}
+
 workload_rsync() {
-    local tree=rsync-${TOOL_NAME%%-*} t out s sent
+    local tree t out s sent
+    tree=$(rsync_tree)
     seed_rsync_tree "$tree" || return 0
     mount_fresh
     t=$(now)
@@ -537,7 +554,8 @@ timed_find() {
 }
 
 workload_find() {
-    local tree=rsync-${TOOL_NAME%%-*}
+    local tree
+    tree=$(rsync_tree)
     seed_rsync_tree "$tree" || return 0
     timed_find "$tree" find 1001
 }

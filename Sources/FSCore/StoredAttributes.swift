@@ -106,14 +106,24 @@ public struct StoredAttributes: Sendable, Equatable {
     /// decimal one (`33261`; read as octal it would claim setgid). Without a leading zero, a
     /// number that is a whole `st_mode` (a real file type) in decimal is read as decimal; anything
     /// else as octal, and only bare permissions or a whole `st_mode` are taken.
-    package static func permissions(_ text: String) -> UInt16? {
+    package static func permissions(_ text: String) -> UInt16? { modeParts(text)?.permissions }
+
+    /// The file-type bits of a stored mode that is a whole `st_mode` (s3fs stores a symlink, a
+    /// FIFO or a socket as an object whose mode says so); nil for bare permissions.
+    package static func fileType(_ text: String) -> UInt32? { modeParts(text)?.fileType }
+
+    /// A stored mode read as `permissions(_:)` says, with its file-type bits where it has them.
+    private static func modeParts(_ text: String) -> (fileType: UInt32?, permissions: UInt16)? {
         let types: Set<UInt32> = [0o140000, 0o120000, 0o100000, 0o060000, 0o040000, 0o020000, 0o010000]
         func isMode(_ value: UInt32) -> Bool { value <= 0o177777 && types.contains(value & 0o170000) }
+        func parts(_ value: UInt32) -> (UInt32?, UInt16) {
+            (value > 0o7777 ? value & 0o170000 : nil, UInt16(value & 0o7777))
+        }
         if !text.hasPrefix("0"), let value = UInt32(text, radix: 10), value > 0o7777, isMode(value) {
-            return UInt16(value & 0o7777)
+            return parts(value)
         }
         guard let value = UInt32(text, radix: 8), value <= 0o7777 || isMode(value) else { return nil }
-        return UInt16(value & 0o7777)
+        return parts(value)
     }
 
     /// Attributes of an object from its HEAD: metadata headers over content-type parameters.

@@ -47,6 +47,20 @@ public enum NodeKind: Sendable, Equatable {
         }
     }
 
+    /// The kind of an object a HEAD describes: what its content type says, else what the
+    /// file-type bits of a whole `st_mode` in its metadata say (how s3fs stores a symlink, a
+    /// FIFO or a socket: no content type of its own).
+    package static func of(_ info: ObjectInfo) -> NodeKind {
+        let kind = of(baseContentType: StoredAttributes.parse(contentType: info.contentType).base)
+        guard kind == .file, let mode = info.metadata["mode"], let type = StoredAttributes.fileType(mode) else { return kind }
+        switch type {
+        case 0o120000: return .symlink
+        case 0o010000: return .fifo
+        case 0o140000: return .socket
+        default: return .file
+        }
+    }
+
     /// Kinds stored as one object whose attributes a HEAD and a POST handle (not directories).
     package var isObject: Bool { self != .directory }
 }
@@ -296,9 +310,8 @@ extension DirectoryEntry {
 
     /// The entry a HEAD's answer describes, as a listing would show it.
     package init(name: String, info: ObjectInfo) {
-        let base = StoredAttributes.parse(contentType: info.contentType).base
         self.init(
-            name: name, kind: NodeKind.of(baseContentType: base), key: info.key,
+            name: name, kind: NodeKind.of(info), key: info.key,
             size: info.size, etag: info.etag, lastModified: Timestamp(info.lastModified), contentType: info.contentType)
     }
 }

@@ -376,10 +376,10 @@ extension Namespace {
     }
 
     /// The kind of a listed object: what its content type says, or, where the listing shows
-    /// none (an S3 listing), what its HEAD's does (a symlink, a FIFO, a socket).
+    /// none (an S3 listing), what its HEAD says (`NodeKind.of(_:)`: a symlink, a FIFO, a socket).
     package static func kind(of entry: DirectoryEntry, head: HeadAnswer?) -> NodeKind {
         guard entry.kindUnknown, let info = head?.info else { return entry.kind }
-        return NodeKind.of(baseContentType: StoredAttributes.parse(contentType: info.contentType).base)
+        return NodeKind.of(info)
     }
 
     /// Whether a listing entry alone describes its object (no HEAD needed): not a directory

@@ -160,9 +160,8 @@ public final class S3ObjectStore: ObjectStore {
         var wire = metadata
         // CSSP's form is octal permissions with a leading zero; s3fs reads a decimal st_mode.
         if let mode = metadata["mode"], mode.hasPrefix("0"), let permissions = UInt32(mode, radix: 8), permissions <= 0o7777 {
-            let base = (type ?? "").split(separator: ";").first.map { $0.lowercased().filter { $0 != " " } } ?? ""
             let fileType: UInt32
-            switch base {
+            switch Self.baseType(type) {
             case _ where key.hasSuffix("/"), "application/directory": fileType = 0o040000
             case "application/link": fileType = 0o120000
             case "inode/fifo": fileType = 0o010000
@@ -170,8 +169,16 @@ public final class S3ObjectStore: ObjectStore {
             default: fileType = 0o100000
             }
             wire["mode"] = String(fileType | permissions)
+        } else if metadata["mode"] == nil, Self.baseType(type) == "application/link" {
+            // csspfs stores no mode for a symlink (always 0777); s3fs knows one only by its mode.
+            wire["mode"] = String(0o120777)
         }
         return (type, wire)
+    }
+
+    /// A content type without parameters, lower-cased.
+    private static func baseType(_ type: String?) -> String {
+        (type ?? "").split(separator: ";").first.map { $0.lowercased().filter { $0 != " " } } ?? ""
     }
 
     @discardableResult

@@ -206,6 +206,17 @@ struct FilesystemWriteTests {
         #expect(StoredAttributes.permissions(text) == permissions)
     }
 
+    @Test(arguments: [
+        ("41471", "", NodeKind.symlink), ("120777", "", .symlink), ("4516", "", .fifo), ("49645", "", .socket),
+        ("33188", "", .file), ("16877", "", .file), ("0777", "", .file), ("41471", "binary/octet-stream", .symlink),
+        ("33188", "application/link", .symlink), ("banana", "", .file),
+    ])
+    func aHeadTellsTheKindS3fsStoredInTheMode(mode: String, contentType: String, kind: NodeKind) {
+        // s3fs stores a symlink, FIFO or socket with its type only in a decimal st_mode.
+        let info = ObjectInfo(key: "k", size: 1, etag: "e", contentType: contentType, lastModified: 0, metadata: ["mode": mode])
+        #expect(NodeKind.of(info) == kind)
+    }
+
     @Test func chmodKeepsForeignMetadata() throws {
         let store = FakeObjectStore()
         store.seed("f", text: "x")

@@ -15,6 +15,8 @@ struct S3FormTests {
         #expect(S3ObjectStore.wireForm(key: "d/", contentType: "application/directory;cssp-mode=0755", metadata: ["mode": "0755"])
             == ("application/directory", ["mode": "16877"]))
         #expect(S3ObjectStore.wireForm(key: "l", contentType: "application/link", metadata: ["mode": "0777"]).1 == ["mode": "41471"])
+        // A symlink as csspfs stores it (no mode: always 0777) gets one, which s3fs needs to see a symlink.
+        #expect(S3ObjectStore.wireForm(key: "l", contentType: "application/link", metadata: ["uid": "0"]).1 == ["mode": "41471", "uid": "0"])
         // Another tool's form passes as it is.
         #expect(S3ObjectStore.wireForm(key: "f", contentType: nil, metadata: ["mode": "100600"]) == (nil, ["mode": "100600"]))
     }
