@@ -118,7 +118,8 @@ done
 wants() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 uses() { [[ " $TOOLS " == *" $1"* ]]; }
 
-# The peers and fio are bench-only dependencies: installed here, not by scripts/setup.
+# fio is a bench-only dependency; scripts/setup installs rclone and s3fs (the interop tests
+# use them). Whatever is missing is installed here.
 needed=()
 uses rclone && ! command -v rclone >/dev/null && needed+=(rclone)
 uses s3fs && ! command -v s3fs >/dev/null && needed+=(s3fs)

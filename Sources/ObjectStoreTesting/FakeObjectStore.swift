@@ -69,6 +69,12 @@ public final class FakeObjectStore: ManifestStore {
     /// Swift's container listing does for a while after a delete.
     public func lagDeletes(_ keys: [String]) { lingering.withLock { $0.keys.formUnion(keys.map(\.exact)) } }
 
+    /// Whether listings show each object's content type, as Swift's do; S3's name only the key,
+    /// size, ETag and time, and a HEAD tells the rest (a symlink, a mode, an mtime).
+    private let contentTypesListed = Locked(true)
+
+    public func listContentTypes(_ shown: Bool) { contentTypesListed.withLock { $0 = shown } }
+
     public init(containerName: String = "fake-container") {
         self.containerName = containerName
     }
@@ -147,6 +153,7 @@ public final class FakeObjectStore: ManifestStore {
         precondition(limit > 0 && limit <= 10_000, "listing limit must be in 1...10000")
         let unlisted = self.unlisted.withLock { $0 }
         let lingering = self.lingering.withLock { $0.listed }
+        let typed = contentTypesListed.withLock { $0 }
         return state.withLock { s in
             s.counts.list += 1
             var entries: [ListEntry] = []
@@ -165,7 +172,7 @@ public final class FakeObjectStore: ManifestStore {
                 } else {
                     let o = s.objects[key.exact] ?? lingering[key.exact]!
                     entries.append(.object(ObjectSummary(
-                        key: key, size: Int64(o.bytes.count), etag: o.etag, contentType: o.contentType,
+                        key: key, size: Int64(o.bytes.count), etag: o.etag, contentType: typed ? o.contentType : "",
                         lastModified: o.modified)))
                 }
                 if entries.count == limit { break }

@@ -288,6 +288,10 @@ final class ReferenceModelRun {
             configuration.metadataIndex = MetadataIndex.open(
                 path: spoolDirectory + "-meta.db", identity: "model", logger: Self.quietLogger)
         }
+        // One seed in seven lists as S3 does (issue 41): no content types, so that the kind, mode
+        // and mtime of every file come from HEADs. (Not with `.listing`: over S3 every object
+        // would look like another tool's.)
+        if seed % 7 == 3 && configuration.foreignAttributes != .listing { store.listContentTypes(false) }
         // Two seeds in five write back (issue 20): closes journal and return; the queue never
         // runs (delay an hour: fsync, renames and the next mount's recovery store files) or
         // runs at once, beside the operations.
