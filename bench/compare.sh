@@ -9,7 +9,8 @@
 #   create   cp -r of 1000 files of 4 KiB: until cp returns, and until all are on the server,
 #            files/s
 #   ls       ls -l of a 10 000-object directory: fresh mount, then again on the same mount, s
-#   rsync    rsync -a re-run over 1000 unchanged files after a remount (must send nothing), s
+#   rsync    rsync -a re-run over 1000 unchanged files after a remount (must send nothing), s;
+#            then again after a remount that keeps the cache directory
 #   creates4 4 processes each creating 1000 empty files in one directory (issue 24): files/s
 #            until the last close returned and until all are stored, and the listing requests
 #            the tool sent meanwhile (counted in the server's access log by User-Agent)
@@ -471,19 +472,31 @@ rsync_tree() {
 }
 
 workload_rsync() {
-    local tree t out s sent
+    local tree
     tree=$(rsync_tree)
     seed_rsync_tree "$tree" || return 0
     mount_fresh
+    rsync_rerun "$tree" rsync
+    unmount_it keep
+    # Again after a remount that keeps the cache directory, as a user's next run finds it
+    # (csspfs's metadata index; each peer's own cache).
+    mount_again
+    rsync_rerun "$tree" rsync_remount
+    unmount_it
+}
+
+# One timed rsync -a of the 1000-file source onto tree $1, recorded as metric $2 (and what it
+# sent as $2_sent, which must be 0).
+rsync_rerun() {
+    local t out s sent
     t=$(now)
-    out=$(rsync -a --stats "$SRC_SMALL/" "$MNT/$tree/")
+    out=$(rsync -a --stats "$SRC_SMALL/" "$MNT/$1/")
     s=$(since "$t")
     sent=$(awk -F': ' '/^Number of regular files transferred/ { print $2 }' <<<"$out")
     [[ -n $sent ]] || die "$TOOL_NAME: no transfer count in rsync --stats"
-    record rsync "$s"
-    record rsync_sent "$sent"
+    record "$2" "$s"
+    record "$2_sent" "$sent"
     ((sent == 0)) || note "WARNING: $TOOL_NAME: the rsync re-run sent $sent unchanged files again"
-    unmount_it
 }
 
 # The requests in the server's access log after byte $1 whose User-Agent starts with $2.
@@ -969,6 +982,7 @@ ROWS = [
     ("ls_cold", "ls -l 10 000 entries, fresh mount, s", False),
     ("ls_warm", "ls -l 10 000 entries, same mount, s", False),
     ("rsync", "rsync -a re-run, 1000 unchanged files, s", False),
+    ("rsync_remount", "  the same after a remount keeping the cache, s", False),
     ("rsync1_return", "rsync -a first run, 1000 files, return, s", False),
     ("rsync1", "  the same, until stored, s", False),
     ("rsync1_requests", "  HTTP requests per file in that run", False),
