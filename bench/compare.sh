@@ -54,8 +54,8 @@
 # Environment: RUNS (3); TOOLS or ONLY (ceiling csspfs csspfs-wb csspfs-listing rclone-default
 # rclone-tuned s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback, csspfs-listing
 # csspfs with -o foreign_attrs=listing; only when named: csspfs-s3, csspfs over s3:// through the
-# same s3api as s3fs, and rclone-s3-tuned, rclone mount tuned with its S3 backend on that s3api); WORKLOADS (read fio write create creates4 ls rsync rsync1
-# rmrf find findtree; walk, lshuge, fwalk, flshuge and visibility only when named);
+# same s3api as s3fs, and rclone-s3-tuned, rclone mount tuned with its S3 backend on that
+# s3api); WORKLOADS (read fio write create creates4 ls rsync rsync1 rmrf find findtree; walk, lshuge, fwalk, flshuge and visibility only when named);
 # FIO_SECONDS (20); WALK_LIMIT (600); VIS_CHANGES (100), VIS_LIMIT (10 s) and VIS_IDLE (30 s)
 # for visibility; WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
@@ -75,9 +75,9 @@
 # 3. Seeds persist in the server's container "compare" and are checked, not trusted:
 #    seed/big-1g, seed/many/ (10 000 objects; seeding takes minutes), and one rsync tree per
 #    peer and API (rsync-csspfs/, rsync-csspfs-s3/, rsync-rclone/, rsync-rclone-s3/,
-#    rsync-s3fs/), written by an untimed first rsync when the server does not hold it yet. The 1000-file source is made deterministic (content and
-#    mtime) so that trees from an earlier run still match it; the re-run's transfer count
-#    (reported if not 0) checks that.
+#    rsync-s3fs/), written by an untimed first rsync when the server does not hold it yet. The
+#    1000-file source is made deterministic (content and mtime) so that trees from an earlier
+#    run still match it; the re-run's transfer count (reported if not 0) checks that.
 # 4. Write workloads write below w-<tool>/ and delete it after each run, with the parts of
 #    multipart uploads: csspfs's below .cssp-parts/, s3api's in container compare+segments.
 # 5. Each tool writes only below its own top-level prefixes: the tools disagree on directory
