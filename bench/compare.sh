@@ -55,7 +55,8 @@
 # rclone-tuned s3fs-default s3fs-tuned; csspfs-wb is csspfs with -o writeback, csspfs-listing
 # csspfs with -o foreign_attrs=listing; only when named: csspfs-s3, csspfs over s3:// through the
 # same s3api as s3fs, and rclone-s3-tuned, rclone mount tuned with its S3 backend on that
-# s3api); WORKLOADS (read fio write create creates4 ls rsync rsync1 rmrf find findtree; walk, lshuge, fwalk, flshuge and visibility only when named);
+# s3api); WORKLOADS (read fio write create creates4 ls rsync rsync1 rmrf find findtree;
+# walk, lshuge, fwalk, flshuge and visibility only when named);
 # FIO_SECONDS (20); WALK_LIMIT (600); VIS_CHANGES (100), VIS_LIMIT (10 s) and VIS_IDLE (30 s)
 # for visibility; WAIT_TIMEOUT
 # (seconds to wait for uploads, 900); COMPARE_SERVER_DIR (.work/compare-server) and
